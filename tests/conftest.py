@@ -1,0 +1,32 @@
+"""Test set-up: 8 CPU-emulated SPMD devices, enabled before torch_xla creates its client."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["PJRT_DEVICE"] = "CPU"
+os.environ["CPU_NUM_DEVICES"] = "8"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from torchshard._env import setup_cpu_emulation
+
+setup_cpu_emulation(8, force=True)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import torchshard as ts  # noqa: E402
+
+
+@pytest.fixture
+def mesh8():
+    """Mesh (8,), axis "data"."""
+    with ts.Mesh(np.arange(8), ("data",)) as m:
+        yield m
+
+
+@pytest.fixture
+def mesh42():
+    """Mesh (4, 2), axes ("data", "model")."""
+    with ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model")) as m:
+        yield m

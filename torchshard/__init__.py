@@ -1,0 +1,62 @@
+"""torchshard: per-host batches to global sharded PyTorch tensors, and back.
+
+A port of axlearn's input-sharding functions to PyTorch, on torch_xla SPMD.
+Only this module (and ``torchshard.testing``, ``torchshard.data``) is public.
+"""
+
+from torchshard._assemble import global_to_host_array as global_to_host_array
+from torchshard._assemble import host_to_global_array as host_to_global_array
+from torchshard._assemble import host_to_global_device_array as host_to_global_device_array
+from torchshard._assemble import host_to_global_specs as host_to_global_specs
+from torchshard._assemble import replicate_to_local_data as replicate_to_local_data
+from torchshard._errors import IndivisibleError as IndivisibleError
+from torchshard._errors import NoMeshError as NoMeshError
+from torchshard._errors import NonUniformShardingError as NonUniformShardingError
+from torchshard._errors import ShardingError as ShardingError
+from torchshard._errors import TreeStructureError as TreeStructureError
+from torchshard._index import NamedSharding as NamedSharding
+from torchshard._mesh import Mesh as Mesh
+from torchshard._mesh import current_mesh as current_mesh
+from torchshard._mesh_build import HybridMeshShape as HybridMeshShape
+from torchshard._mesh_build import create_device_mesh as create_device_mesh
+from torchshard._mesh_build import infer_mesh_shape as infer_mesh_shape
+from torchshard._partition import UnsupportedPartitionError as UnsupportedPartitionError
+from torchshard._partition import complete_partition_spec_tree as complete_partition_spec_tree
+from torchshard._partition import data_partition_type_to_spec as data_partition_type_to_spec
+from torchshard._partition import input_partition_spec as input_partition_spec
+from torchshard._spec import DataPartitionType as DataPartitionType
+from torchshard._spec import P as P
+from torchshard._spec import PartitionSpec as PartitionSpec
+from torchshard._tensor_spec import TensorSpec as TensorSpec
+from torchshard._topology import process_count as process_count
+from torchshard._topology import process_index as process_index
+
+__all__ = [
+    "DataPartitionType",
+    "HybridMeshShape",
+    "IndivisibleError",
+    "Mesh",
+    "NamedSharding",
+    "NoMeshError",
+    "NonUniformShardingError",
+    "P",
+    "PartitionSpec",
+    "ShardingError",
+    "TensorSpec",
+    "TreeStructureError",
+    "UnsupportedPartitionError",
+    "complete_partition_spec_tree",
+    "create_device_mesh",
+    "current_mesh",
+    "data_partition_type_to_spec",
+    "global_to_host_array",
+    "host_to_global_array",
+    "host_to_global_device_array",
+    "host_to_global_specs",
+    "infer_mesh_shape",
+    "input_partition_spec",
+    "process_count",
+    "process_index",
+    "replicate_to_local_data",
+]
+assert sorted(__all__) == __all__

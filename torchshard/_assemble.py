@@ -1,0 +1,408 @@
+"""Host <-> global: ``host_to_global_array``, ``host_to_global_specs``,
+``global_to_host_array`` and ``replicate_to_local_data``.
+
+Data flow of ``host_to_global_array``: resolve the partition to a spec per leaf (prefix
+broadcast), convert every leaf to a CPU tensor (zero-copy for numpy), validate everything and
+plan every leaf (global shape, which slice of which host's block each local device gets) before
+anything moves, then hand one view per local device to the backend. Reading back asks the
+backend for the local shards (with their global ranges) and concatenates the distinct ranges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchshard._backend import Backend, LocalShard, get_backend
+from torchshard._deprecation import warn_once
+from torchshard._errors import ShardingError, TreeStructureError, at
+from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype
+from torchshard._index import NamedSharding, dim_axes
+from torchshard._layout import HostPlan, block_offsets, infer_global_shape, plan_from_local
+from torchshard._mesh import Mesh, require_mesh
+from torchshard._partition import data_partition_type_to_spec
+from torchshard._spec import DataPartitionType, PartitionSpec
+from torchshard._tensor_spec import TensorSpec
+from torchshard._topology import Topology, current_topology
+from torchshard._tree import LazyPaths, broadcast_prefix, flatten, paths, unflatten
+
+_REPLICATED = PartitionSpec()
+SUPPORTED = frozenset(SUPPORTED_DTYPES)
+
+
+class _DefaultPartition:
+    def __repr__(self) -> str:
+        return "DataPartitionType.FULL"
+
+
+DEFAULT_PARTITION: Any = _DefaultPartition()
+
+
+def _resolve_partition(partition: Any) -> tuple[Any, bool]:
+    """The spec tree and whether it is the FULL partition."""
+    if partition is DEFAULT_PARTITION:
+        partition = DataPartitionType.FULL
+    elif isinstance(partition, DataPartitionType):
+        warn_once(
+            "partition-type",
+            "Passing a DataPartitionType to host_to_global_array is deprecated; pass a "
+            "PartitionSpec (e.g. torchshard.input_partition_spec()) instead.",
+            stacklevel=4,
+        )
+    return data_partition_type_to_spec(partition), partition is DataPartitionType.FULL
+
+
+def _specs_for(spec_tree: Any, tree: Any, n: int, argname: str) -> list[PartitionSpec]:
+    if spec_tree is None or isinstance(spec_tree, PartitionSpec):
+        specs = [spec_tree] * n
+    else:
+        specs = broadcast_prefix(
+            spec_tree,
+            tree,
+            is_prefix_leaf=lambda x: isinstance(x, PartitionSpec),
+            prefix_name="partition",
+            full_name=argname,
+        )
+    return [_REPLICATED if s is None else s for s in specs]
+
+
+def _plan(
+    mesh: Mesh,
+    spec: PartitionSpec,
+    local_shape: tuple[int, ...],
+    topology: Topology,
+    devices: tuple[int, ...],
+    where: str | LazyPaths,
+    i: int,
+) -> HostPlan:
+    try:
+        return plan_from_local(mesh, spec, local_shape, topology.device_process, devices)
+    except ShardingError as e:
+        raise type(e)(at(where[i] if isinstance(where, LazyPaths) else where, str(e))) from None
+
+
+def _check_full_batch(paths: Any, shapes: list[tuple[int, ...]]) -> None:
+    first = next((i for i, s in enumerate(shapes) if s), None)
+    if first is None:
+        return
+    batch = shapes[first][0]
+    for i, s in enumerate(shapes):
+        if s and s[0] != batch:
+            raise ShardingError(
+                f"{paths[i]}: under DataPartitionType.FULL every leaf is a per-host batch split "
+                f"along dim 0, so all leaves must have the same batch size; expected {batch} "
+                f"(the size of {paths[first]}), got {s[0]} (shape {s})."
+            )
+
+
+def _host_tensor(x: Any, paths: LazyPaths, i: int) -> torch.Tensor:
+    if type(x) is torch.Tensor and x.device.type == "cpu" and not x.requires_grad:
+        if x.dtype in SUPPORTED:
+            return x
+    return as_host_tensor(x, paths[i])
+
+
+def _device_shards(plan: HostPlan, per: list[torch.Tensor], slot: dict[int, int]) -> list[Any]:
+    """The view of its owner's tensor that each planned device receives."""
+    split = plan.single_split
+    if split is not None:  # one C++ call per owner instead of one narrow per device
+        dim, chunk = split
+        parts = {o: per[s].tensor_split(per[s].shape[dim] // chunk, dim) for o, s in slot.items()}
+        return [parts[p.owner][p.cuts[0][1] // chunk] for p in plan.pieces]
+    out = []
+    for p in plan.pieces:
+        t = per[slot[p.owner]]
+        for dim, start, length in p.cuts:
+            t = t.narrow(dim, start, length)
+        out.append(t)
+    return out
+
+
+def _assemble(
+    per_host: Sequence[Any] | None,
+    tree: Any,
+    partition: Any,
+    *,
+    caller: str,
+    argname: str,
+) -> Any:
+    """Shared by the real path (``tree``) and the emulation (``per_host``: one tree per host)."""
+    mesh = require_mesh(caller)
+    backend = get_backend(mesh)
+    topology = current_topology(mesh)
+    if per_host is None and topology.virtual and topology.process_count > 1:
+        raise ShardingError(
+            f"{caller} inside virtual_hosts({topology.process_count}) has only this host's data"
+            "; use torchshard.testing.host_to_global_array_per_host with one tree per host."
+        )
+    spec_tree, full = _resolve_partition(partition)
+    hosts = [tree] if per_host is None else list(per_host)
+    if per_host is not None and len(hosts) != topology.process_count:
+        raise ShardingError(
+            f"{argname}: expected one tree per host, {topology.process_count} in all, but got "
+            f"{len(hosts)}."
+        )
+    leaves, treespec = flatten(hosts[0])
+    host_leaves = [leaves]
+    host_paths = [LazyPaths(treespec, argname if per_host is None else f"{argname}[0]")]
+    for h, other in enumerate(hosts[1:], start=1):
+        o_leaves, o_spec = flatten(other)
+        if o_spec != treespec:
+            raise TreeStructureError(
+                f"{argname}[{h}] has a different structure from {argname}[0]: expected "
+                f"{treespec}, got {o_spec}."
+            )
+        host_leaves.append(o_leaves)
+        host_paths.append(LazyPaths(treespec, f"{argname}[{h}]"))
+    paths = host_paths[0]
+    specs = _specs_for(spec_tree, hosts[0], len(leaves), argname)
+    devices = tuple(backend.local_devices(mesh))
+    if per_host is None:
+        owners = {topology.device_process[d] for d in devices}
+        if owners != {topology.process_index}:
+            raise RuntimeError(
+                f"the backend's local devices {devices} belong to processes {sorted(owners)}, "
+                f"not to this process ({topology.process_index})."
+            )
+        slot = {topology.process_index: 0}
+    else:
+        slot = {h: h for h in range(len(hosts))}
+
+    # Validate and plan every leaf before anything is transferred.
+    tensors = [
+        [_host_tensor(hl[i], hp, i) for hl, hp in zip(host_leaves, host_paths, strict=True)]
+        for i in range(len(leaves))
+    ]
+    for i, per in enumerate(tensors):
+        ref = per[0]
+        for h, t in enumerate(per[1:], start=1):
+            if t.shape != ref.shape or t.dtype != ref.dtype:
+                raise ShardingError(
+                    f"{host_paths[h][i]}: every host must pass the same shape and dtype for a "
+                    f"leaf; expected {tuple(ref.shape)} {ref.dtype} (host 0), got "
+                    f"{tuple(t.shape)} {t.dtype}."
+                )
+    shapes = [tuple(per[0].shape) for per in tensors]
+    if full:
+        _check_full_batch(paths, shapes)
+    plans = [
+        _plan(mesh, specs[i], shapes[i], topology, devices, paths, i) for i in range(len(leaves))
+    ]
+
+    out = []
+    for per, plan in zip(tensors, plans, strict=True):
+        shards = _device_shards(plan, per, slot)
+        out.append(backend.make_global(mesh, plan.axes, plan.global_shape, shards))
+    return unflatten(treespec, out)
+
+
+def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """Turns each host's block of a batch into global tensors sharded over the current mesh.
+
+    Every process passes its own block (a tree of numpy arrays or CPU tensors); the global
+    shape is inferred from the mesh and the device -> process map, as in JAX's
+    ``make_array_from_process_local_data``. Each device receives only its shard.
+
+    Args:
+        host_arrays: a tree (dicts, lists, tuples, namedtuples, dataclasses; ``None`` passes
+            through) of numpy arrays or CPU tensors.
+        partition: a ``PartitionSpec``, a prefix tree of them, or (deprecated) a
+            ``DataPartitionType``. Default: ``FULL``, dim 0 split over every mesh axis.
+
+    Returns:
+        The same tree with global XLA tensors at the leaves.
+
+    Raises:
+        ShardingError: (a ``ValueError``) naming the leaf's path: no mesh, a spec longer than
+            the rank, an unknown axis, an indivisible dimension, FULL leaves that disagree on
+            the batch size. ``TypeError`` for unsupported leaf types or dtypes. Nothing is
+            transferred when any leaf is bad.
+
+    Example (mesh ``(4, 2)``, one host): 8 rows split over all 8 devices, one row each::
+
+        >>> with mesh:
+        ...     g = host_to_global_array({"x": np.arange(16).reshape(8, 2)})
+        >>> g["x"].shape
+        torch.Size([8, 2])
+    """
+    return _assemble(
+        None, host_arrays, partition, caller="host_to_global_array", argname="host_arrays"
+    )
+
+
+def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """Deprecated alias of ``host_to_global_array``."""
+    warn_once(
+        "host_to_global_device_array",
+        "host_to_global_device_array is deprecated; use host_to_global_array.",
+    )
+    return _assemble(
+        None, host_arrays, partition, caller="host_to_global_array", argname="host_arrays"
+    )
+
+
+def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """The ``TensorSpec`` tree that ``host_to_global_array`` would return; nothing moves.
+
+    Args:
+        host_specs: a tree whose leaves are ``TensorSpec``s or objects with ``.shape`` and
+            ``.dtype`` (numpy arrays, tensors), each a host's block.
+        partition: as for ``host_to_global_array``.
+
+    Example:
+        >>> with mesh:  # 8 devices, 1 host
+        ...     host_to_global_specs({"x": TensorSpec((8, 2), torch.int64)})["x"].shape
+        (8, 2)
+    """
+    mesh = require_mesh("host_to_global_specs")
+    topology = current_topology(mesh)
+    spec_tree, full = _resolve_partition(partition)
+    leaves, treespec = flatten(host_specs)
+    where = paths(treespec, "host_specs")
+    specs = _specs_for(spec_tree, host_specs, len(leaves), "host_specs")
+    shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
+    if full:
+        _check_full_batch(where, [s for s, _ in shapes_dtypes])
+    out = []
+    for (shape, dtype), path, spec in zip(shapes_dtypes, where, specs, strict=True):
+        axes = dim_axes(mesh, spec, len(shape), where=path)
+        try:
+            global_shape = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
+        except ShardingError as e:
+            raise type(e)(at(path, str(e))) from None
+        out.append(TensorSpec(global_shape, dtype, NamedSharding(mesh, spec)))
+    return unflatten(treespec, out)
+
+
+def _check_global(backend: Backend, x: Any, where: str) -> None:
+    if not backend.is_global(x):
+        raise TypeError(
+            f"{where}: expected a global tensor of the {backend.name} backend (e.g. from "
+            f"host_to_global_array), but got {type(x).__name__}"
+            + (f" on {x.device}" if isinstance(x, torch.Tensor) else "")
+            + "."
+        )
+
+
+def _block(shards: Sequence[LocalShard], ndim: int, dtype: torch.dtype) -> torch.Tensor:
+    unique: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
+    for s in shards:
+        unique.setdefault(s.ranges, s.data)
+    if len(unique) == 1:
+        return next(iter(unique.values()))
+    ranges = list(unique)
+    shape, local = block_offsets(ranges, ndim)
+    out = torch.empty(shape, dtype=dtype)
+    covered = 0
+    for sl, data in zip(local, unique.values(), strict=True):
+        out[sl] = data
+        covered += data.numel()
+    if covered != out.numel():
+        raise ShardingError(
+            f"the devices hold {covered} of the {out.numel()} elements of the block "
+            f"{[tuple(r) for r in ranges]}; the block is not a grid of local shards."
+        )
+    return out
+
+
+def _covers_block(shards: Sequence[LocalShard], ndim: int) -> bool:
+    unique = {s.ranges for s in shards}
+    shape, _ = block_offsets(list(unique), ndim)
+    total = 1
+    for n in shape:
+        total *= n
+    held = 0
+    for r in unique:
+        size = 1
+        for a, b in r:
+            size *= b - a
+        held += size
+    return held == total
+
+
+def _host_blocks(global_arrays: Any, hosts: Sequence[int] | None, argname: str) -> list[Any]:
+    """For each host in ``hosts`` (None: this process), its block of every leaf."""
+    mesh = require_mesh("global_to_host_array")
+    backend = get_backend(mesh)
+    topology = current_topology(mesh)
+    leaves, treespec = flatten(global_arrays)
+    where = LazyPaths(treespec, argname)
+    for i, leaf in enumerate(leaves):
+        if not backend.is_global(leaf):
+            _check_global(backend, leaf, where[i])
+    all_shards = backend.local_shards(leaves)
+    wanted = [topology.process_index] if hosts is None else list(hosts)
+    out = []
+    for h in wanted:
+        blocks = []
+        for i, (leaf, shards) in enumerate(zip(leaves, all_shards, strict=True)):
+            mine = [s for s in shards if topology.device_process[s.device] == h]
+            if not mine:
+                raise ShardingError(
+                    f"{where[i]}: host {h} holds no shard of this tensor."
+                )
+            if not _covers_block(mine, leaf.dim()):
+                # A non-grid layout: the host's block includes parts on other hosts' devices.
+                # They are addressable only when this process drives every device.
+                rng = {s.ranges for s in mine}
+                mine = [s for s in shards if _inside(s.ranges, rng, leaf.dim())]
+            try:
+                blocks.append(_block(mine, leaf.dim(), leaf.dtype))
+            except ShardingError as e:
+                raise ShardingError(
+                    at(where[i], str(e))
+                    + " Use replicate_to_local_data to fetch the whole value."
+                ) from None
+        out.append(unflatten(treespec, blocks))
+    return out
+
+
+def _inside(
+    r: tuple[tuple[int, int], ...], held: set[tuple[tuple[int, int], ...]], ndim: int
+) -> bool:
+    return all(r[i] in {h[i] for h in held} for i in range(ndim))
+
+
+def global_to_host_array(global_arrays: Any, /) -> Any:
+    """This process's block of each global tensor, as CPU tensors (inverse of
+    ``host_to_global_array``).
+
+    It reads the local shards (no compilation, no all-gather) and concatenates the distinct
+    slices this process's devices hold along each dimension.
+
+    Example:
+        >>> with mesh:
+        ...     back = global_to_host_array(host_to_global_array({"x": x}))
+        >>> torch.equal(back["x"], torch.as_tensor(x))
+        True
+    """
+    return _host_blocks(global_arrays, None, "global_arrays")[0]
+
+
+def replicate_to_local_data(x: Any, /) -> Any:
+    """The full global value of every global tensor in ``x``, on the host.
+
+    Built from local shards when this process holds every block (one host, or the
+    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather).
+
+    Example:
+        >>> with mesh:
+        ...     full = replicate_to_local_data(host_to_global_array(x))
+    """
+    mesh = require_mesh("replicate_to_local_data")
+    backend = get_backend(mesh)
+    leaves, treespec = flatten(x)
+    where = LazyPaths(treespec, "x")
+    for i, leaf in enumerate(leaves):
+        if not backend.is_global(leaf):
+            _check_global(backend, leaf, where[i])
+    out = []
+    for leaf, shards in zip(leaves, backend.local_shards(leaves), strict=True):
+        shape, _ = block_offsets(list({s.ranges for s in shards}), leaf.dim())
+        if shape == tuple(leaf.shape) and _covers_block(shards, leaf.dim()):
+            out.append(_block(shards, leaf.dim(), leaf.dtype))
+        else:
+            out.append(backend.gather(leaf))
+    return unflatten(treespec, out)

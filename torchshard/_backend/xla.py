@@ -1,0 +1,198 @@
+"""The torch_xla SPMD backend: the only module that imports torch_xla.
+
+Each call into torch_xla's private ``_XLAC`` API sits in one small function here, with the
+version it was checked on (torch_xla 2.9.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchshard._backend import LocalShard
+from torchshard._errors import ShardingError
+from torchshard._index import DimAxes, check_device_process
+from torchshard._mesh import Mesh
+from torchshard._topology import Topology
+
+_INIT_LOCK = threading.Lock()
+_DEVICE_RE = re.compile(r"^[A-Za-z_]+:(\d+)$")
+
+
+@functools.cache
+def _xla() -> Any:
+    """Imports torch_xla and switches it to SPMD mode (idempotent)."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    with _INIT_LOCK:
+        if not xr.is_spmd():
+            xr.use_spmd()
+    return torch_xla
+
+
+def _xs() -> Any:
+    _xla()
+    import torch_xla.distributed.spmd as xs
+
+    return xs
+
+
+def _xr() -> Any:
+    _xla()
+    import torch_xla.runtime as xr
+
+    return xr
+
+
+def _device_id(name: str) -> int:
+    m = _DEVICE_RE.match(name)
+    if m is None:
+        raise RuntimeError(f"unexpected torch_xla device name {name!r}")
+    return int(m.group(1))
+
+
+@functools.cache
+def _local_devices() -> tuple[int, ...]:
+    # torch_xla 2.9: `_xla_get_runtime_devices()` lists this process's devices ("CPU:3",
+    # "TPU:5"), in the order `_global_tensor_from_cpu_shards` takes their shards; the number is
+    # the global ordinal that mesh device ids refer to.
+    return tuple(_device_id(n) for n in _xla()._XLAC._xla_get_runtime_devices())
+
+
+@functools.cache
+def _topology() -> Topology:
+    xr = _xr()
+    count = xr.global_runtime_device_count()
+    nproc = xr.process_count()
+    index = xr.process_index()
+    if nproc == 1:
+        return Topology(index, 1, (0,) * count)
+    return Topology(index, nproc, _gather_device_owners(count))
+
+
+def _gather_device_owners(count: int) -> tuple[int, ...]:
+    """Every device's owning process, learnt with one tiny global tensor.
+
+    Each process fills its devices' rows of a ``[devices, 1]`` tensor with its own index and
+    reads the assembled value back (one collective, once per process).
+    """
+    xla = _xla()
+    xs = _xs()
+    xr = _xr()
+    local = _local_devices()
+    shard = torch.tensor([[xr.process_index()]], dtype=torch.int64)
+    op = xs.Mesh(np.arange(count), (count, 1)).get_op_sharding((0, 1))
+    owners = xla._XLAC._global_tensor_from_cpu_shards([shard] * len(local), op, [count, 1])
+    return tuple(int(v) for v in owners.cpu().reshape(-1).tolist())
+
+
+@functools.lru_cache(maxsize=256)
+def to_xla_mesh(mesh: Mesh) -> Any:
+    """``mesh`` as a ``torch_xla.distributed.spmd.Mesh``."""
+    check_device_process(mesh, _topology().device_process)
+    return _xs().Mesh(np.asarray(mesh.device_ids), tuple(mesh.devices.shape), mesh.axis_names)
+
+
+def mesh_from_xla(xla_mesh: Any) -> Mesh:
+    """The torchshard ``Mesh`` of a torch_xla mesh."""
+    names = getattr(xla_mesh, "axis_names", None)
+    if names is None:
+        raise ShardingError(
+            "Mesh.from_xla: the torch_xla mesh has no axis_names; torchshard specs name mesh "
+            "axes, so build it with xs.Mesh(device_ids, mesh_shape, axis_names=(...))."
+        )
+    ids = np.asarray(xla_mesh.device_ids).reshape(tuple(xla_mesh.mesh_shape))
+    return Mesh(ids, tuple(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
+    spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
+    return to_xla_mesh(mesh).get_op_sharding(spec)
+
+
+def _parse_ranges(indices: Any, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    if indices is Ellipsis:
+        return tuple((0, n) for n in shape)
+    out = []
+    for s, n in zip(indices, shape, strict=True):
+        start, stop, _ = s.indices(n)
+        out.append((start, stop))
+    return tuple(out)
+
+
+class XlaBackend:
+    """torch_xla SPMD (one process per host, every local device driven by it)."""
+
+    name = "xla"
+
+    def topology(self) -> Topology:
+        return _topology()
+
+    def local_devices(self, mesh: Mesh) -> Sequence[int]:
+        return _local_devices()
+
+    def activate(self, mesh: Mesh) -> None:
+        _xs().set_global_mesh(to_xla_mesh(mesh))
+
+    def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
+        if outer is not None and outer.backend == self.name:
+            _xs().set_global_mesh(to_xla_mesh(outer))
+        else:
+            _xs().set_global_mesh(None)
+
+    def is_global(self, x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and x.device.type == "xla"
+
+    def make_global(
+        self,
+        mesh: Mesh,
+        axes: DimAxes,
+        global_shape: tuple[int, ...],
+        shards: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        # torch_xla 2.9: one CPU tensor per local device (views are fine), the OpSharding, and
+        # the global shape; each device receives exactly its shard.
+        return _xla()._XLAC._global_tensor_from_cpu_shards(
+            list(shards), _op_sharding(mesh, axes), list(global_shape)
+        )
+
+    def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
+        # torch_xla 2.9: `_get_local_shards` copies each local device's (padded) block to the
+        # CPU without compiling anything; `_get_local_shard_replica_and_indices` gives the
+        # global slices of each (Ellipsis for a replicated tensor). Both take a list.
+        if not tensors:
+            return []
+        xlac = _xla()._XLAC
+        datas = xlac._get_local_shards(list(tensors))
+        indices = xlac._get_local_shard_replica_and_indices(list(tensors))
+        out = []
+        for t, shard_devs, rep_idx in zip(tensors, datas, indices, strict=True):
+            shape = tuple(t.shape)
+            shards = []
+            for (data, dev), (_, idx) in zip(shard_devs, rep_idx, strict=True):
+                ranges = _parse_ranges(idx, shape)
+                block = tuple(slice(0, b - a) for a, b in ranges)
+                if tuple(data.shape) != tuple(b - a for a, b in ranges):
+                    data = data[block]
+                shards.append(LocalShard(_device_id(dev), ranges, data))
+            out.append(shards)
+        return out
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cpu()
+
+    def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
+        spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
+        _xs().mark_sharding(x, to_xla_mesh(mesh), spec)
+        return x
+
+
+BACKEND = XlaBackend()

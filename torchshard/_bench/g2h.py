@@ -1,0 +1,44 @@
+"""Global -> host: ``global_to_host_array`` (local shards) against ``.cpu()`` (all-gather).
+
+``.cpu()`` on a sharded tensor compiles and runs a gather on every call; torchshard reads the
+local shards (no compilation) and concatenates them. Same cases as ``h2g``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchshard._bench._report import Report, compare
+from torchshard._bench.h2g import COLS, ROWS, meshes
+
+NAME = "g2h"
+DESCRIPTION = "global -> host: global_to_host_array vs .cpu()"
+
+
+def run(report: Report) -> None:
+    """Measures read-back throughput (GB/s) and the ratio torchshard / ``.cpu()``."""
+    import torchshard as ts
+
+    for mesh_name, mesh in meshes():
+        for leaves in (1, 8):
+            case = f"{leaves}x[{ROWS},{COLS}] f32 {mesh_name}"
+            report.progress(f"g2h {case}")
+            batch = {f"x{i}": torch.randn(ROWS, COLS) for i in range(leaves)}
+            nbytes = sum(t.numel() * t.element_size() for t in batch.values())
+            with mesh:
+                glob = ts.host_to_global_array(batch, partition=ts.P(mesh.axis_names))
+
+            def torchshard(glob: Any = glob, mesh: Any = mesh) -> None:
+                with mesh:
+                    ts.global_to_host_array(glob)
+
+            def cpu(glob: Any = glob) -> None:
+                for t in glob.values():
+                    t.cpu()
+
+            secs = compare({"torchshard": torchshard, ".cpu()": cpu}, rounds=5)
+            for method, s in secs.items():
+                report.figure(NAME, case, method, nbytes / s / 1e9, "GB/s")
+            report.ratio(NAME, case, "torchshard", ".cpu()", secs[".cpu()"] / secs["torchshard"])

@@ -1,0 +1,96 @@
+"""Host -> global throughput: torchshard against torch_xla's own paths, in one run.
+
+Cases: one [1024, 2048] float32 batch, and a dict of 8 of them, on the (8,) and (4, 2)
+meshes, dim 0 split over every axis (the FULL input spec). Methods:
+
+- ``torchshard``: ``host_to_global_array``.
+- ``direct``: ``torch_xla._XLAC._global_tensor_from_cpu_shards`` called by hand with
+  per-device views (the fastest path torch_xla has; the ceiling for torchshard).
+- ``to+mark_sharding``: ``x.to(xla)`` then ``xs.mark_sharding``.
+
+Every method keeps its whole output alive until the batch is complete (as a training step
+would) and ends with ``xm.wait_device_ops()``, so each is timed to completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchshard._bench._report import Report, compare
+
+NAME = "h2g"
+DESCRIPTION = "host -> global: torchshard vs _global_tensor_from_cpu_shards vs .to()+mark_sharding"
+ROWS, COLS = 1024, 2048
+
+
+def meshes() -> list[tuple[str, Any]]:
+    """The benchmark meshes: (8,) over "data" and (4, 2) over ("data", "model")."""
+    import torchshard as ts
+
+    return [
+        ("(8,)", ts.Mesh(np.arange(8), ("data",))),
+        ("(4,2)", ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))),
+    ]
+
+
+def methods(mesh: Any, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]:
+    """The three host -> global methods for ``batch`` on ``mesh`` (dim 0 over every axis)."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+
+    import torchshard as ts
+
+    spec = ts.P(mesh.axis_names)
+    shapes = {k: tuple(t.shape) for k, t in batch.items()}
+    index = {
+        k: ts.NamedSharding(mesh, spec).devices_indices_map(shape) for k, shape in shapes.items()
+    }
+    op = mesh.xla_mesh.get_op_sharding((mesh.axis_names, None))
+    device = torch_xla.device()
+
+    def torchshard() -> Any:
+        with mesh:
+            out = ts.host_to_global_array(batch, partition=spec)
+        xm.wait_device_ops()
+        return out
+
+    def direct() -> Any:
+        out = {}
+        for k, t in batch.items():
+            shards = [t[index[k][d]] for d in range(mesh.size)]
+            out[k] = torch_xla._XLAC._global_tensor_from_cpu_shards(shards, op, list(shapes[k]))
+        xm.wait_device_ops()
+        return out
+
+    def to_mark() -> Any:
+        out = {}
+        for k, t in batch.items():
+            out[k] = t.to(device)
+            xs.mark_sharding(out[k], mesh.xla_mesh, (mesh.axis_names, None))
+        xm.wait_device_ops()
+        return out
+
+    return {"torchshard": torchshard, "direct": direct, "to+mark_sharding": to_mark}
+
+
+def run(report: Report) -> None:
+    """Measures every case and records throughputs (GB/s) and ratios."""
+    for mesh_name, mesh in meshes():
+        for leaves in (1, 8):
+            case = f"{leaves}x[{ROWS},{COLS}] f32 {mesh_name}"
+            report.progress(f"h2g {case}")
+            batch = {f"x{i}": torch.randn(ROWS, COLS) for i in range(leaves)}
+            nbytes = sum(t.numel() * t.element_size() for t in batch.values())
+            secs = compare(methods(mesh, batch))
+            for method, s in secs.items():
+                report.figure(NAME, case, method, nbytes / s / 1e9, "GB/s")
+            base = secs["torchshard"]
+            report.ratio(NAME, case, "torchshard", "direct", secs["direct"] / base, 0.95)
+            report.ratio(
+                NAME, case, "torchshard", "to+mark_sharding", secs["to+mark_sharding"] / base, 1.5
+            )

@@ -1,0 +1,131 @@
+"""Building meshes: ``create_device_mesh``, ``infer_mesh_shape`` and ``HybridMeshShape``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from torchshard._mesh import Mesh
+
+MeshShape = Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridMeshShape:
+    """A mesh shape for hybrid parallelism: ICI (within a host group) times DCN (across).
+
+    The mesh shape is ``ici * dcn`` per axis; the DCN part is split across process groups
+    (hosts). Example: 2 hosts of 4 devices, axes ``(data, model)``:
+    ``HybridMeshShape(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1))`` gives a ``(4, 2)`` mesh
+    whose first two rows are host 0's devices.
+    """
+
+    ici_mesh_shape: tuple[int, ...]
+    dcn_mesh_shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ici_mesh_shape", tuple(self.ici_mesh_shape))
+        object.__setattr__(self, "dcn_mesh_shape", tuple(self.dcn_mesh_shape))
+        if len(self.ici_mesh_shape) != len(self.dcn_mesh_shape):
+            raise ValueError(
+                f"{self.ici_mesh_shape=} should have the same length as {self.dcn_mesh_shape}."
+            )
+
+    def __len__(self) -> int:
+        return len(self.ici_mesh_shape)
+
+
+def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -> tuple[int, ...]:
+    """``mesh_shape`` with its (at most one) ``-1`` inferred from the device count.
+
+    Example:
+        >>> infer_mesh_shape((-1, 2), num_devices=8)
+        (4, 2)
+    """
+    mesh_shape = tuple(int(n) for n in mesh_shape)
+    if -1 not in mesh_shape:
+        return mesh_shape
+    if mesh_shape.count(-1) > 1:
+        raise ValueError(f"Only one axis can be -1 in {mesh_shape=}.")
+    prod = math.prod(mesh_shape, start=-1)
+    if num_devices is None:
+        num_devices = _device_count()
+    if prod <= 0 or num_devices % prod != 0:
+        raise ValueError(
+            f"Unable to infer -1 in mesh shape {mesh_shape} as num_devices {num_devices} "
+            f"is not a multiple of the product {prod} of mesh axes."
+        )
+    return tuple(x if x != -1 else num_devices // prod for x in mesh_shape)
+
+
+def _device_count() -> int:
+    from torchshard._topology import current_topology
+
+    return current_topology().device_count
+
+
+def create_device_mesh(
+    mesh_shape: MeshShape | HybridMeshShape,
+    axis_names: Sequence[str],
+    *,
+    devices: Sequence[int] | np.ndarray | None = None,
+) -> Mesh:
+    """A ``Mesh`` of ``mesh_shape`` over ``devices`` (default: every device of the run).
+
+    A plain shape reshapes the device ids in order (at most one ``-1`` is inferred). A
+    ``HybridMeshShape`` groups the devices by owning process (the DCN granule), lays each
+    group out as ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; it works on the
+    CPU, including under ``torchshard.testing.virtual_hosts``.
+
+    Example:
+        >>> create_device_mesh((-1, 2), ("data", "model")).shape["data"]
+        4
+    """
+    from torchshard._topology import current_topology
+
+    topology = current_topology()
+    ids = (
+        np.arange(topology.device_count)
+        if devices is None
+        else np.asarray(devices, dtype=np.int64).reshape(-1)
+    )
+    if isinstance(mesh_shape, HybridMeshShape):
+        return Mesh(_hybrid(mesh_shape, ids, topology.device_process), axis_names)
+    shape = infer_mesh_shape(mesh_shape, num_devices=ids.size)
+    if math.prod(shape) != ids.size:
+        raise ValueError(
+            f"mesh shape {shape} has {math.prod(shape)} devices, but {ids.size} devices were "
+            "given; a mesh must cover every device."
+        )
+    return Mesh(ids.reshape(shape), axis_names)
+
+
+def _hybrid(shape: HybridMeshShape, ids: np.ndarray, device_process: Sequence[int]) -> Any:
+    groups: dict[int, list[int]] = {}
+    for d in ids.tolist():
+        groups.setdefault(device_process[d], []).append(d)
+    granules = [groups[k] for k in sorted(groups)]
+    per = len(granules[0])
+    if any(len(g) != per for g in granules):
+        raise ValueError(f"processes own different numbers of devices: {groups}.")
+    dcn = infer_mesh_shape(shape.dcn_mesh_shape, num_devices=len(granules))
+    ici = infer_mesh_shape(shape.ici_mesh_shape, num_devices=per)
+    if math.prod(dcn) != len(granules):
+        raise ValueError(
+            f"Number of slices/granules {len(granules)} must equal the product of "
+            f"dcn_mesh_shape {dcn}"
+        )
+    if math.prod(ici) != per:
+        raise ValueError(
+            f"Product of ICI mesh {ici} does not match num_devices_per_granule={per}."
+        )
+    per_granule = [np.asarray(g).reshape(ici) for g in granules]
+    grid = np.arange(len(granules)).reshape(dcn)
+    blocks = np.empty(dcn, dtype=object)
+    for idx in np.ndindex(*dcn):
+        blocks[idx] = per_granule[grid[idx]]
+    return np.block(blocks.tolist())
