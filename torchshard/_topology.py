@@ -93,7 +93,14 @@ def override_topology(topology: Topology) -> Iterator[Topology]:
         yield topology
     finally:
         with _OVERRIDE.lock:
-            _OVERRIDE.stack.remove(topology)
+            # Remove this very object (the innermost occurrence), not the first equal one:
+            # Topology is a value type, and equal overrides may be nested or installed by
+            # other threads.
+            stack = _OVERRIDE.stack
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is topology:
+                    del stack[i]
+                    break
 
 
 def process_index() -> int:
