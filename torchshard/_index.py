@@ -91,6 +91,11 @@ def shard_range(n: int, k: int, j: int) -> tuple[int, int]:
     return min(j * chunk, n), min((j + 1) * chunk, n)
 
 
+def _shard_size(n: int, k: int, j: int) -> int:
+    start, stop = shard_range(n, k, j)
+    return stop - start
+
+
 def check_divisible(
     mesh: Mesh, spec: PartitionSpec, axes: DimAxes, shape: Sequence[int], *, where: str = ""
 ) -> None:
@@ -227,6 +232,26 @@ class NamedSharding:
         check_divisible(self._mesh, self._spec, axes, shape)
         return tuple(n // k for n, k in zip(shape, shard_counts(self._mesh, axes), strict=True))
 
+    def _topology(
+        self, process_index: int | None, device_process: Sequence[int] | None
+    ) -> tuple[int, tuple[int, ...]]:
+        """``(process_index, device_process)``, defaulting to the runtime (or emulated) topology,
+        checked: the mesh covers every device, and the process owns at least one of them."""
+        if process_index is None or device_process is None:
+            from torchshard._topology import current_topology
+
+            topology = current_topology(self._mesh)
+            process_index = topology.process_index if process_index is None else process_index
+            device_process = topology.device_process if device_process is None else device_process
+        device_process = tuple(device_process)
+        check_device_process(self._mesh, device_process)
+        if process_index not in device_process:
+            raise ShardingError(
+                f"process_index {process_index} owns no device of {self._mesh!r}; expected one "
+                f"of the processes {sorted(set(device_process))}."
+            )
+        return process_index, device_process
+
     def _feeds(self, ndim: int, device_process: Sequence[int] | None) -> tuple[_DimFeeds, ...]:
         if device_process is None:
             from torchshard._topology import current_topology
@@ -245,20 +270,20 @@ class NamedSharding:
     ) -> tuple[int, ...]:
         """The shape of the block of the global array that ``process_index`` holds.
 
-        Along each dimension: the total size of the distinct slices of that process's devices.
-        ``process_index`` defaults to this process; ``device_process`` to the runtime topology.
+        Along each dimension: the total size of the distinct slices of that process's devices
+        (uneven splits included, as torch_xla places them). ``process_index`` defaults to this
+        process; ``device_process`` (``device_process[d]`` owns device ``d``) to the runtime
+        topology.
+
+        Example: mesh ``(4, 2)`` with ids ``0..7``, 2 hosts (devices 0-3, 4-7), ``P("data")``:
+        ``process_local_shape((8, 3), 1, device_process=(0,) * 4 + (1,) * 4) == (4, 3)``.
         """
         shape = tuple(int(n) for n in global_shape)
-        if process_index is None:
-            from torchshard._topology import current_topology
-
-            process_index = current_topology(self._mesh).process_index
-        feeds = self._feeds(len(shape), device_process)
+        process_index, device_process = self._topology(process_index, device_process)
+        feeds = dim_feeds(self._mesh, self._dims(len(shape)), device_process)
         counts = self.shard_counts(len(shape))
-        if process_index not in feeds[0].sets if feeds else False:
-            raise ShardingError(f"process {process_index} owns no device of {self._mesh!r}.")
         return tuple(
-            sum(np.subtract(*reversed(shard_range(n, k, j))) for j in f.sets[process_index])
+            sum(_shard_size(n, k, j) for j in f.sets[process_index])
             for n, k, f in zip(shape, counts, feeds, strict=True)
         )
 
@@ -293,11 +318,8 @@ class NamedSharding:
         ndim = max(len(self._spec), dim + 1) if ndim is None else ndim
         if not 0 <= dim < ndim:
             raise ValueError(f"dim must be in [0, {ndim}), but got {dim}.")
-        if process_index is None:
-            from torchshard._topology import current_topology
-
-            process_index = current_topology(self._mesh).process_index
-        f = self._feeds(ndim, device_process)[dim]
+        process_index, device_process = self._topology(process_index, device_process)
+        f = dim_feeds(self._mesh, self._dims(ndim), device_process)[dim]
         if f.count is None:
             raise NonUniformShardingError(
                 f"{self!r} is not process-uniform along dim {dim}: the processes hold the shard "
