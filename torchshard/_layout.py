@@ -51,10 +51,13 @@ class HostPlan:
     def single_split(self) -> tuple[int, int] | None:
         """``(dim, chunk)`` when every piece is one ``chunk``-long cut of the same ``dim``
         (the common case: one ``Tensor.split`` then gives every piece at once)."""
-        cuts = {p.cuts[0][::2] for p in self.pieces if len(p.cuts) == 1}
-        if len(cuts) == 1 and all(len(p.cuts) == 1 for p in self.pieces):
-            return next(iter(cuts))
-        return None
+        if not all(len(p.cuts) == 1 for p in self.pieces):
+            return None
+        cuts = {p.cuts[0][::2] for p in self.pieces}
+        if len(cuts) != 1:
+            return None
+        dim, chunk = next(iter(cuts))
+        return (dim, chunk) if chunk > 0 else None  # empty pieces: narrow, not split
 
 
 def infer_global_shape(
