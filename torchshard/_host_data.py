@@ -56,7 +56,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
         return x.detach() if x.requires_grad else x
     if isinstance(x, (np.ndarray, np.generic)):
         arr = np.asarray(x)
-        if arr.dtype not in _NP_SUPPORTED:
+        if arr.dtype.newbyteorder("=") not in _NP_SUPPORTED:
             raise TypeError(
                 f"{where}: numpy dtype {arr.dtype} is not supported; expected one of "
                 f"{_dtype_names()} (bfloat16 as a torch.Tensor). Strings and objects must be "
@@ -64,8 +64,9 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
             )
         if not arr.dtype.isnative:
             arr = arr.astype(arr.dtype.newbyteorder("="))
-        if not arr.flags.writeable:
-            arr = arr.copy()  # torch.from_numpy warns on read-only memory
+        if not arr.flags.writeable or any(st < 0 for st in arr.strides):
+            # torch.from_numpy warns on read-only memory and refuses negative strides.
+            arr = arr.copy()
         return torch.from_numpy(arr)
     raise TypeError(
         f"{where}: expected a numpy array or a CPU torch.Tensor, but got {type(x).__name__}"
