@@ -105,7 +105,7 @@ def complete_partition_spec_tree(treedef_or_tree: Any, partition_spec_tree: Any)
         tree,
         is_prefix_leaf=_is_spec_tree_leaf,
         prefix_name="partition_spec_tree",
-        full_name="the value tree",
+        full_name="treedef_or_tree",
     )
     return unflatten(treespec, specs)
 

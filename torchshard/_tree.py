@@ -59,7 +59,13 @@ def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any,
         leaves, treespec = optree.tree_flatten(
             tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
         )
-        new = {type(x) for x in leaves if _is_node_dataclass(x)}
+        # Register the dataclasses found as leaves, except those ``is_leaf`` keeps as leaves
+        # (e.g. a dataclass used as a spec in a spec tree), then flatten again.
+        new = {
+            type(x)
+            for x in leaves
+            if _is_node_dataclass(x) and (is_leaf is None or not is_leaf(x))
+        }
         if not new:
             return leaves, treespec
         with _REG_LOCK:
@@ -125,32 +131,32 @@ def broadcast_prefix(
     prefix_name: str,
     full_name: str,
 ) -> list[Any]:
-    """For each leaf of ``full_tree``, the leaf of ``prefix_tree`` that covers it.
+    """For each leaf of ``full_tree`` (in ``flatten`` order), the leaf of ``prefix_tree`` that
+    covers it.
 
     ``None`` in ``prefix_tree`` is a leaf that covers its whole subtree and comes back as
-    ``None``. Raises ``TreeStructureError`` when ``prefix_tree`` is not a prefix of
-    ``full_tree``.
+    ``None``. ``is_prefix_leaf`` applies to ``prefix_tree`` only: ``full_tree`` keeps its own
+    structure (its dataclasses stay nodes even when the prefix's leaves are dataclasses).
+    Raises ``TreeStructureError`` when ``prefix_tree`` is not a prefix of ``full_tree``.
     """
-    leaves, _ = flatten(full_tree)
-    prefix = _none_to_proxy(prefix_tree, is_prefix_leaf)
     leaf_test = lambda x: x is _NONE or is_prefix_leaf(x)  # noqa: E731
-    # Flatten the prefix once so dataclasses in it are registered too.
-    _flatten_raw(prefix, leaf_test)
+    prefix = _none_to_proxy(prefix_tree, is_prefix_leaf)
+    prefix_leaves, prefix_spec = _flatten_raw(prefix, leaf_test)
+    flatten(full_tree)  # registers the full tree's dataclasses before matching against them
     try:
-        full = optree.tree_broadcast_prefix(
-            prefix, full_tree, is_leaf=leaf_test, none_is_leaf=False, namespace=NAMESPACE
-        )
+        subtrees = prefix_spec.flatten_up_to(full_tree)
     except ValueError:
         raise _prefix_error(prefix, full_tree, leaf_test, prefix_name, full_name) from None
-    out, _ = _flatten_raw(full, leaf_test)
-    if len(out) != len(leaves):  # pragma: no cover - optree guarantees this
-        raise TreeStructureError(f"{prefix_name} does not broadcast to {full_name}.")
-    return [None if x is _NONE else x for x in out]
+    out: list[Any] = []
+    for leaf, sub in zip(prefix_leaves, subtrees, strict=True):
+        out.extend([None if leaf is _NONE else leaf] * len(flatten(sub)[0]))
+    return out
 
 
 def _none_to_proxy(tree: Any, is_leaf: Callable[[Any], bool]) -> Any:
     if tree is None:
         return _NONE
+    flatten(tree, is_leaf=is_leaf)  # registers the dataclass nodes of the prefix first
     return optree.tree_map(
         lambda x: _NONE if x is None else x,
         tree,
