@@ -40,8 +40,12 @@ class _DefaultPartition:
 DEFAULT_PARTITION: Any = _DefaultPartition()
 
 
-def _resolve_partition(partition: Any) -> tuple[Any, bool]:
-    """The spec tree and whether it is the FULL partition."""
+def _resolve_partition(partition: Any, *, depth: int) -> tuple[Any, bool]:
+    """The spec tree and whether it is the FULL partition.
+
+    ``depth``: the number of torchshard frames above this call's caller, so that the
+    deprecation warning points at the user's line (1 when called from a public function).
+    """
     if partition is DEFAULT_PARTITION:
         partition = DataPartitionType.FULL
     elif isinstance(partition, DataPartitionType):
@@ -49,7 +53,7 @@ def _resolve_partition(partition: Any) -> tuple[Any, bool]:
             "partition-type",
             "Passing a DataPartitionType to host_to_global_array is deprecated; pass a "
             "PartitionSpec (e.g. torchshard.input_partition_spec()) instead.",
-            stacklevel=4,
+            stacklevel=3 + depth,  # warn_once, this function, its caller, ..., the user
         )
     return data_partition_type_to_spec(partition), partition is DataPartitionType.FULL
 
@@ -137,7 +141,7 @@ def _assemble(
             f"{caller} inside virtual_hosts({topology.process_count}) has only this host's data"
             "; use torchshard.testing.host_to_global_array_per_host with one tree per host."
         )
-    spec_tree, full = _resolve_partition(partition)
+    spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
     hosts = [tree] if per_host is None else list(per_host)
     if per_host is not None and len(hosts) != topology.process_count:
         raise ShardingError(
@@ -258,11 +262,14 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
     """
     mesh = require_mesh("host_to_global_specs")
     topology = current_topology(mesh)
-    spec_tree, full = _resolve_partition(partition)
-    leaves, treespec = flatten(host_specs)
+    spec_tree, full = _resolve_partition(partition, depth=1)
+    # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
+    # otherwise be a node); the partition is then matched against a tree of TensorSpecs.
+    leaves, treespec = flatten(host_specs, is_leaf=_has_shape_and_dtype)
     where = paths(treespec, "host_specs")
-    specs = _specs_for(spec_tree, host_specs, len(leaves), "host_specs")
     shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
+    as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
+    specs = _specs_for(spec_tree, as_specs, len(leaves), "host_specs")
     if full:
         _check_full_batch(where, [s for s, _ in shapes_dtypes])
     out = []
@@ -274,6 +281,10 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
             raise type(e)(at(path, str(e))) from None
         out.append(TensorSpec(global_shape, dtype, NamedSharding(mesh, spec)))
     return unflatten(treespec, out)
+
+
+def _has_shape_and_dtype(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 def _check_global(backend: Backend, x: Any, where: str) -> None:
