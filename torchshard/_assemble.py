@@ -10,6 +10,7 @@ backend for the local shards (with their global ranges) and concatenates the dis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -297,7 +298,17 @@ def _check_global(backend: Backend, x: Any, where: str) -> None:
         )
 
 
-def _block(shards: Sequence[LocalShard], ndim: int, dtype: torch.dtype) -> torch.Tensor:
+def _volume(ranges: tuple[tuple[int, int], ...]) -> int:
+    return math.prod(b - a for a, b in ranges)
+
+
+def _block(shards: Sequence[LocalShard], ndim: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The block spanned by ``shards``: along each dimension their distinct global ranges,
+    concatenated in order. ``None`` when the shards do not fill it (a non-grid set).
+
+    The distinct ranges of a tiled sharding are disjoint along each dimension, so the shards
+    fill the block exactly when their distinct volumes add up to its volume.
+    """
     unique: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
     for s in shards:
         unique.setdefault(s.ranges, s.data)
@@ -305,32 +316,45 @@ def _block(shards: Sequence[LocalShard], ndim: int, dtype: torch.dtype) -> torch
         return next(iter(unique.values()))
     ranges = list(unique)
     shape, local = block_offsets(ranges, ndim)
+    if sum(_volume(r) for r in ranges) != math.prod(shape):
+        return None
     out = torch.empty(shape, dtype=dtype)
-    covered = 0
     for sl, data in zip(local, unique.values(), strict=True):
         out[sl] = data
-        covered += data.numel()
-    if covered != out.numel():
-        raise ShardingError(
-            f"the devices hold {covered} of the {out.numel()} elements of the block "
-            f"{[tuple(r) for r in ranges]}; the block is not a grid of local shards."
-        )
     return out
 
 
-def _covers_block(shards: Sequence[LocalShard], ndim: int) -> bool:
-    unique = {s.ranges for s in shards}
-    shape, _ = block_offsets(list(unique), ndim)
-    total = 1
-    for n in shape:
-        total *= n
-    held = 0
-    for r in unique:
-        size = 1
-        for a, b in r:
-            size *= b - a
-        held += size
-    return held == total
+def _non_grid_block(
+    mine: Sequence[LocalShard],
+    addressable: Sequence[LocalShard],
+    ndim: int,
+    dtype: torch.dtype,
+    where: str,
+    host: int,
+) -> torch.Tensor:
+    """A host's block when its own devices do not fill it (a non-grid layout: the block is
+    the cross product of its devices' slices, and other hosts' devices hold some of it).
+
+    The missing parts are read from the other addressable shards: in the ``virtual_hosts``
+    emulation every device is addressable; on a real multi-host run they are not, and this
+    raises.
+    """
+    held = [{s.ranges[i] for s in mine} for i in range(ndim)]
+    inside = [s for s in addressable if all(s.ranges[i] in held[i] for i in range(ndim))]
+    block = _block(inside, ndim, dtype)
+    if block is not None:
+        return block
+    span = [sorted(h) for h in held]
+    have = sum(_volume(r) for r in {s.ranges for s in mine})
+    total = math.prod(sum(b - a for a, b in h) for h in span)
+    raise ShardingError(
+        f"{where}: host {host}'s block spans the ranges {span} (one list per dimension), but "
+        f"this process can read only {have} of its {total} elements: the layout is not a grid "
+        "per host (the host's devices do not hold the whole cross product of their slices; "
+        "other hosts' devices hold the rest). Read the whole value with "
+        "replicate_to_local_data, or use a mesh whose device order follows host boundaries "
+        "(e.g. create_device_mesh with a HybridMeshShape)."
+    )
 
 
 def _host_blocks(global_arrays: Any, hosts: Sequence[int] | None, argname: str) -> list[Any]:
@@ -344,36 +368,25 @@ def _host_blocks(global_arrays: Any, hosts: Sequence[int] | None, argname: str) 
         if not backend.is_global(leaf):
             _check_global(backend, leaf, where[i])
     all_shards = backend.local_shards(leaves)
+    owner = topology.device_process
     wanted = [topology.process_index] if hosts is None else list(hosts)
     out = []
     for h in wanted:
         blocks = []
         for i, (leaf, shards) in enumerate(zip(leaves, all_shards, strict=True)):
-            mine = [s for s in shards if topology.device_process[s.device] == h]
+            mine = [s for s in shards if owner[s.device] == h]
             if not mine:
                 raise ShardingError(
-                    f"{where[i]}: host {h} holds no shard of this tensor."
+                    f"{where[i]}: host {h} holds no shard of this tensor; expected shards on "
+                    f"its devices {topology.devices_of(h)}, got shards on devices "
+                    f"{sorted(s.device for s in shards)}."
                 )
-            if not _covers_block(mine, leaf.dim()):
-                # A non-grid layout: the host's block includes parts on other hosts' devices.
-                # They are addressable only when this process drives every device.
-                rng = {s.ranges for s in mine}
-                mine = [s for s in shards if _inside(s.ranges, rng, leaf.dim())]
-            try:
-                blocks.append(_block(mine, leaf.dim(), leaf.dtype))
-            except ShardingError as e:
-                raise ShardingError(
-                    at(where[i], str(e))
-                    + " Use replicate_to_local_data to fetch the whole value."
-                ) from None
+            block = _block(mine, leaf.dim(), leaf.dtype)
+            if block is None:
+                block = _non_grid_block(mine, shards, leaf.dim(), leaf.dtype, where[i], h)
+            blocks.append(block)
         out.append(unflatten(treespec, blocks))
     return out
-
-
-def _inside(
-    r: tuple[tuple[int, int], ...], held: set[tuple[tuple[int, int], ...]], ndim: int
-) -> bool:
-    return all(r[i] in {h[i] for h in held} for i in range(ndim))
 
 
 def global_to_host_array(global_arrays: Any, /) -> Any:
@@ -411,9 +424,9 @@ def replicate_to_local_data(x: Any, /) -> Any:
             _check_global(backend, leaf, where[i])
     out = []
     for leaf, shards in zip(leaves, backend.local_shards(leaves), strict=True):
-        shape, _ = block_offsets(list({s.ranges for s in shards}), leaf.dim())
-        if shape == tuple(leaf.shape) and _covers_block(shards, leaf.dim()):
-            out.append(_block(shards, leaf.dim(), leaf.dtype))
+        block = _block(shards, leaf.dim(), leaf.dtype)
+        if block is not None and tuple(block.shape) == tuple(leaf.shape):
+            out.append(block)
         else:
             out.append(backend.gather(leaf))
     return unflatten(treespec, out)
