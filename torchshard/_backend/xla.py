@@ -66,8 +66,27 @@ def _local_devices() -> tuple[int, ...]:
     return tuple(_device_id(n) for n in _xla()._XLAC._xla_get_runtime_devices())
 
 
-@functools.cache
+_TOPOLOGY_LOCK = threading.Lock()
+_TOPOLOGY: list[Topology] = []  # computed once per process
+
+
 def _topology() -> Topology:
+    """The run's topology, computed once per process (under a lock: with several processes
+    it runs a collective, which must not run twice)."""
+    if not _TOPOLOGY:
+        with _TOPOLOGY_LOCK:
+            if not _TOPOLOGY:
+                _TOPOLOGY.append(_compute_topology())
+    return _TOPOLOGY[0]
+
+
+def _compute_topology() -> Topology:
+    """One process: it owns every device. Several processes (multi-host TPU): torch_xla does
+    not report which process owns a device (PJRT's device attributes carry no process index,
+    and global ordinals need not be contiguous per host), so it is learnt with one collective
+    (``_gather_device_owners``). That collective runs on the first call that needs the
+    topology (entering a mesh, ``process_index()``, ...), which in an SPMD program every
+    process makes. Not testable on one CPU host; kept deliberately small."""
     xr = _xr()
     count = xr.global_runtime_device_count()
     nproc = xr.process_count()
@@ -80,8 +99,9 @@ def _topology() -> Topology:
 def _gather_device_owners(count: int) -> tuple[int, ...]:
     """Every device's owning process, learnt with one tiny global tensor.
 
-    Each process fills its devices' rows of a ``[devices, 1]`` tensor with its own index and
-    reads the assembled value back (one collective, once per process).
+    Each process gives each of its local devices the row ``[process_index]`` of a
+    ``[devices, 1]`` tensor split over all devices (row ``d`` lives on device ``d``), and reads
+    the assembled value back (one all-gather, once per process).
     """
     xla = _xla()
     xs = _xs()
@@ -137,6 +157,8 @@ class XlaBackend:
         return _topology()
 
     def local_devices(self, mesh: Mesh) -> Sequence[int]:
+        # Every device this process drives (a mesh covers all devices, so all of them are in
+        # it), in the order _global_tensor_from_cpu_shards takes shards.
         return _local_devices()
 
     def activate(self, mesh: Mesh) -> None:
