@@ -30,3 +30,24 @@ def mesh42():
     """Mesh (4, 2), axes ("data", "model")."""
     with ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model")) as m:
         yield m
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_context():
+    """Every test leaves no mesh entered and no virtual topology installed."""
+    from torchshard._topology import is_virtual
+
+    assert ts.current_mesh() is None and not is_virtual()
+    yield
+    assert ts.current_mesh() is None, "a test left a mesh entered"
+    assert not is_virtual(), "a test left virtual_hosts installed"
+
+
+@pytest.fixture
+def fresh_deprecations():
+    """Forgets which once-per-process deprecation warnings were issued, before and after."""
+    from torchshard import _deprecation
+
+    _deprecation.reset()
+    yield
+    _deprecation.reset()
