@@ -37,15 +37,24 @@ def test_tuple_axes_split_major_to_minor():
     s = ts.NamedSharding(MESH42, ts.P(("model", "data")))
     # shard number = i_model * 4 + i_data; device d sits at (i_data, i_model) = (d // 2, d % 2)
     got = index_map_ranges(s.devices_indices_map((16,)), (16,))
-    assert got == {d: ((2 * ((d % 2) * 4 + d // 2), 2 * ((d % 2) * 4 + d // 2) + 2),) for d in
-                   range(8)}
+    assert got == {
+        d: ((2 * ((d % 2) * 4 + d // 2), 2 * ((d % 2) * 4 + d // 2) + 2),) for d in range(8)
+    }
 
 
 def test_permuted_mesh():
     mesh = _mesh([3, 1, 0, 2, 7, 5, 6, 4], (8,), ("x",))
     got = index_map_ranges(ts.NamedSharding(mesh, ts.P("x")).devices_indices_map((8,)), (8,))
-    assert got == {3: ((0, 1),), 1: ((1, 2),), 0: ((2, 3),), 2: ((3, 4),), 7: ((4, 5),),
-                   5: ((5, 6),), 6: ((6, 7),), 4: ((7, 8),)}
+    assert got == {
+        3: ((0, 1),),
+        1: ((1, 2),),
+        0: ((2, 3),),
+        2: ((3, 4),),
+        7: ((4, 5),),
+        5: ((5, 6),),
+        6: ((6, 7),),
+        4: ((7, 8),),
+    }
 
 
 def test_spec_shorter_than_rank_and_replicated():
@@ -63,12 +72,28 @@ def test_uneven_split_uses_ceil_chunks_like_torch_xla():
     s = ts.NamedSharding(MESH42, ts.P("data"))
     got = index_map_ranges(s.devices_indices_map((10,)), (10,))
     # chunk = ceil(10 / 4) = 3: rows 0:3, 3:6, 6:9, 9:10
-    assert got == {0: ((0, 3),), 1: ((0, 3),), 2: ((3, 6),), 3: ((3, 6),), 4: ((6, 9),),
-                   5: ((6, 9),), 6: ((9, 10),), 7: ((9, 10),)}
+    assert got == {
+        0: ((0, 3),),
+        1: ((0, 3),),
+        2: ((3, 6),),
+        3: ((3, 6),),
+        4: ((6, 9),),
+        5: ((6, 9),),
+        6: ((9, 10),),
+        7: ((9, 10),),
+    }
     s8 = ts.NamedSharding(_mesh(range(8), (8,), ("x",)), ts.P("x"))
     got = index_map_ranges(s8.devices_indices_map((5,)), (5,))
-    assert got == {0: ((0, 1),), 1: ((1, 2),), 2: ((2, 3),), 3: ((3, 4),), 4: ((4, 5),),
-                   5: ((5, 5),), 6: ((5, 5),), 7: ((5, 5),)}
+    assert got == {
+        0: ((0, 1),),
+        1: ((1, 2),),
+        2: ((2, 3),),
+        3: ((3, 4),),
+        4: ((4, 5),),
+        5: ((5, 5),),
+        6: ((5, 5),),
+        7: ((5, 5),),
+    }
 
 
 def test_shard_counts_and_shape():
@@ -214,8 +239,7 @@ def test_process_index_and_count():
     # whose rows are hosts 0, 0 / 1, 1 / ...: each host holds one row block.
     s = ts.NamedSharding(MESH42, ts.P("model"))
     assert [
-        s.process_index_and_count(0, process_index=h, device_process=FOUR_HOSTS)
-        for h in range(4)
+        s.process_index_and_count(0, process_index=h, device_process=FOUR_HOSTS) for h in range(4)
     ] == [(0, 1)] * 4
     with pytest.raises(ValueError, match=re.escape("dim must be in [0, 2), but got 2.")):
         s.process_index_and_count(2, ndim=2)

@@ -13,8 +13,9 @@ import torchshard as ts
 
 def _xla_mesh_tuple(m):
     return (
-        None if m is None else (tuple(np.asarray(m.device_ids).tolist()), tuple(m.mesh_shape),
-                                tuple(m.axis_names))
+        None
+        if m is None
+        else (tuple(np.asarray(m.device_ids).tolist()), tuple(m.mesh_shape), tuple(m.axis_names))
     )
 
 
@@ -71,8 +72,10 @@ def test_repr():
             np.arange(8),
             ("a", "b"),
             ValueError,
-            "Mesh requires the ndim of `devices` to equal the length of `axis_names`, but got "
-            "devices.ndim == 1 (shape (8,)) and len(axis_names) == 2 (('a', 'b')).",
+            (
+                "Mesh requires the ndim of `devices` to equal the length of `axis_names`, but got "
+                "devices.ndim == 1 (shape (8,)) and len(axis_names) == 2 (('a', 'b'))."
+            ),
         ),
         (
             np.zeros(8),
@@ -121,8 +124,7 @@ def test_with_sets_the_current_mesh_and_torch_xla_global_mesh():
     with mesh as entered:
         assert entered is mesh
         assert ts.current_mesh() is mesh
-        assert _xla_mesh_tuple(xs.get_global_mesh()) == (tuple(range(8)), (4, 2),
-                                                         ("data", "model"))
+        assert _xla_mesh_tuple(xs.get_global_mesh()) == (tuple(range(8)), (4, 2), ("data", "model"))
     assert ts.current_mesh() is None
     assert xs.get_global_mesh() is None
 
@@ -176,7 +178,9 @@ def test_mesh_over_fewer_devices_than_the_runtime_is_refused_on_entry():
 
 
 def test_mesh_naming_unknown_devices_is_refused_on_entry():
-    with pytest.raises(ts.ShardingError, match=re.escape("covers devices [1, 2, 3, 4, 5, 6, 7, 8]")):
+    with pytest.raises(
+        ts.ShardingError, match=re.escape("covers devices [1, 2, 3, 4, 5, 6, 7, 8]")
+    ):
         ts.Mesh(np.arange(1, 9), ("data",)).__enter__()
     assert ts.current_mesh() is None
 

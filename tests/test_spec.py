@@ -60,13 +60,17 @@ def test_axis_used_twice():
     [
         (
             3,
-            "PartitionSpec entry 0 must be None, an axis name or a tuple of axis names, but got "
-            "3 of type int.",
+            (
+                "PartitionSpec entry 0 must be None, an axis name or a tuple of axis names, "
+                "but got 3 of type int."
+            ),
         ),
         (
             ("a", 1),
-            "PartitionSpec entry 0 must be None, an axis name or a tuple of axis names, but got "
-            "('a', 1) (an element is not a str).",
+            (
+                "PartitionSpec entry 0 must be None, an axis name or a tuple of axis names, "
+                "but got ('a', 1) (an element is not a str)."
+            ),
         ),
     ],
 )

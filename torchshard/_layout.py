@@ -141,9 +141,7 @@ def block_offsets(
         starts.append(where)
         sizes.append(offset)
     local = [
-        tuple(
-            slice(starts[i][r[i]], starts[i][r[i]] + r[i][1] - r[i][0]) for i in range(ndim)
-        )
+        tuple(slice(starts[i][r[i]], starts[i][r[i]] + r[i][1] - r[i][0]) for i in range(ndim))
         for r in ranges
     ]
     return tuple(sizes), local

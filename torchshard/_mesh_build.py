@@ -120,9 +120,7 @@ def _hybrid(shape: HybridMeshShape, ids: np.ndarray, device_process: Sequence[in
             f"dcn_mesh_shape {dcn}"
         )
     if math.prod(ici) != per:
-        raise ValueError(
-            f"Product of ICI mesh {ici} does not match num_devices_per_granule={per}."
-        )
+        raise ValueError(f"Product of ICI mesh {ici} does not match num_devices_per_granule={per}.")
     per_granule = [np.asarray(g).reshape(ici) for g in granules]
     grid = np.arange(len(granules)).reshape(dcn)
     blocks = np.empty(dcn, dtype=object)

@@ -112,4 +112,3 @@ def complete_partition_spec_tree(treedef_or_tree: Any, partition_spec_tree: Any)
 
 def _is_spec_tree_leaf(x: Any) -> bool:
     return not isinstance(x, (dict, list, tuple)) or isinstance(x, PartitionSpec)
-

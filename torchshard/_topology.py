@@ -39,8 +39,7 @@ class Topology:
     def __post_init__(self) -> None:
         if not 0 <= self.process_index < self.process_count:
             raise ValueError(
-                f"process_index must be in [0, {self.process_count}), but got "
-                f"{self.process_index}."
+                f"process_index must be in [0, {self.process_count}), but got {self.process_index}."
             )
         owners = set(self.device_process)
         if not owners <= set(range(self.process_count)):

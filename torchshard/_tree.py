@@ -62,9 +62,7 @@ def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any,
         # Register the dataclasses found as leaves, except those ``is_leaf`` keeps as leaves
         # (e.g. a dataclass used as a spec in a spec tree), then flatten again.
         new = {
-            type(x)
-            for x in leaves
-            if _is_node_dataclass(x) and (is_leaf is None or not is_leaf(x))
+            type(x) for x in leaves if _is_node_dataclass(x) and (is_leaf is None or not is_leaf(x))
         }
         if not new:
             return leaves, treespec

@@ -1,0 +1,118 @@
+"""Host plans (torchshard._layout): global shape from a local block, per-device pieces."""
+
+import re
+
+import numpy as np
+import pytest
+
+import torchshard as ts
+from torchshard._layout import block_offsets, infer_global_shape, plan_from_local
+
+ONE_HOST = (0,) * 8
+TWO_HOSTS = (0,) * 4 + (1,) * 4
+ALL = tuple(range(8))
+MESH42 = ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+
+
+def _apply(plan, blocks):
+    """What each planned device receives, computed with numpy from the host blocks."""
+    out = {}
+    for p in plan.pieces:
+        x = blocks[p.owner]
+        for dim, start, length in p.cuts:
+            x = np.take(x, np.arange(start, start + length), axis=dim)
+        out[p.device] = x
+    return out
+
+
+def test_one_host_full_batch():
+    plan = plan_from_local(MESH42, ts.P(("data", "model")), (16, 3), ONE_HOST, ALL)
+    assert plan.global_shape == (16, 3)
+    assert plan.axes == (("data", "model"), ())
+    assert plan.single_split == (0, 2)
+    got = _apply(plan, {0: np.arange(48).reshape(16, 3)})
+    for d in range(8):
+        np.testing.assert_array_equal(got[d], np.arange(48).reshape(16, 3)[2 * d : 2 * d + 2])
+
+
+def test_two_hosts_each_device_of_a_host_gets_its_part_of_the_host_block():
+    plan = plan_from_local(MESH42, ts.P("data"), (4, 3), TWO_HOSTS, ALL)
+    assert plan.global_shape == (8, 3)
+    assert [p.owner for p in plan.pieces] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [p.cuts for p in plan.pieces] == [((0, 2 * (d // 2 % 2), 2),) for d in range(8)]
+    blocks = {0: np.arange(12).reshape(4, 3), 1: np.arange(12, 24).reshape(4, 3)}
+    glob = np.arange(24).reshape(8, 3)
+    got = _apply(plan, blocks)
+    for d in range(8):
+        np.testing.assert_array_equal(got[d], glob[2 * (d // 2) : 2 * (d // 2) + 2])
+
+
+def test_device_holding_the_whole_local_dim_gets_no_cut():
+    # 2 hosts, mesh (2, 4): host h owns data row h, so each host holds one "data" shard.
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("data", "model"))
+    plan = plan_from_local(mesh, ts.P("data", "model"), (3, 8), TWO_HOSTS, ALL)
+    assert plan.global_shape == (6, 8)
+    assert [p.cuts for p in plan.pieces] == [((1, 2 * (d % 4), 2),) for d in range(8)]
+
+
+def test_two_cut_pieces_and_no_single_split():
+    plan = plan_from_local(MESH42, ts.P("data", "model"), (8, 4), ONE_HOST, ALL)
+    assert plan.single_split is None
+    assert plan.pieces[3].cuts == ((0, 2, 2), (1, 2, 2))
+
+
+def test_replicated_and_0d():
+    plan = plan_from_local(MESH42, ts.P(), (), ONE_HOST, ALL)
+    assert plan.global_shape == () and all(p.cuts == () for p in plan.pieces)
+    assert plan.single_split is None
+
+
+def test_empty_batch_has_empty_pieces_and_no_split():
+    plan = plan_from_local(MESH42, ts.P("data"), (0, 3), ONE_HOST, ALL)
+    assert plan.global_shape == (0, 3)
+    assert plan.single_split is None
+    assert all(p.cuts == ((0, 0, 0),) for p in plan.pieces)
+
+
+def test_only_the_given_devices_are_planned():
+    plan = plan_from_local(MESH42, ts.P("data"), (4, 3), TWO_HOSTS, (4, 5, 6, 7))
+    assert [p.device for p in plan.pieces] == [4, 5, 6, 7]
+    with pytest.raises(ts.ShardingError, match=re.escape("device 9 is not in")):
+        plan_from_local(MESH42, ts.P("data"), (4, 3), TWO_HOSTS, (9,))
+
+
+def test_plans_are_cached():
+    a = plan_from_local(MESH42, ts.P("data"), (4, 3), TWO_HOSTS, ALL)
+    assert plan_from_local(MESH42, ts.P("data"), (4, 3), TWO_HOSTS, ALL) is a
+
+
+def test_infer_global_shape_errors():
+    axes = (("data",), ())
+    with pytest.raises(
+        ts.IndivisibleError, match=re.escape("dim 0 has size 6, not divisible by 4")
+    ):
+        infer_global_shape(MESH42, ts.P("data"), axes, (3, 2), TWO_HOSTS)
+    mesh = ts.Mesh(np.array([0, 1, 2, 4, 3, 5, 6, 7]).reshape(2, 4), ("a", "b"))
+    with pytest.raises(
+        ts.NonUniformShardingError,
+        match=re.escape(
+            "dim 0 is not process-uniform under P('a',) on Mesh({'a': 2, 'b': 4}, devices=[0, 1, "
+            "2, 4, 3, 5, 6, 7]): the hosts hold the shard sets {0: (0,), 1: (0, 1), 2: (0, 1), "
+            "3: (1,)} along it, which are not equal, disjoint groups, so no global shape has one "
+            "block per host. Choose a spec or a mesh device order that follows host boundaries."
+        ),
+    ):
+        infer_global_shape(mesh, ts.P("a"), (("a",), ()), (2, 2), (0, 0, 1, 1, 2, 2, 3, 3))
+
+
+def test_block_offsets():
+    ranges = [((4, 6), (0, 3)), ((0, 2), (3, 6)), ((4, 6), (3, 6)), ((0, 2), (0, 3))]
+    shape, local = block_offsets(ranges, 2)
+    assert shape == (4, 6)
+    assert local == [
+        (slice(2, 4), slice(0, 3)),
+        (slice(0, 2), slice(3, 6)),
+        (slice(2, 4), slice(3, 6)),
+        (slice(0, 2), slice(0, 3)),
+    ]
+    assert block_offsets([((5, 5),), ((4, 5),)], 1) == ((1,), [(slice(1, 1),), (slice(0, 1),)])
