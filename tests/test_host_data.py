@@ -1,0 +1,131 @@
+"""Host leaf validation and zero-copy conversion (torchshard._host_data)."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch_xla
+
+from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype
+
+NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
+                np.float32, np.float64]  # fmt: skip
+DTYPE_NAMES = "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_is_shared_not_copied(dtype):
+    x = np.zeros((3, 2), dtype)
+    t = as_host_tensor(x, "x")
+    assert t.dtype == torch.from_numpy(x).dtype
+    assert t.data_ptr() == x.ctypes.data
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
+def test_cpu_tensors_pass_through(dtype):
+    x = torch.zeros(3, dtype=dtype)
+    assert as_host_tensor(x, "x") is x
+
+
+def test_requires_grad_is_detached():
+    x = torch.zeros(3, requires_grad=True)
+    t = as_host_tensor(x, "x")
+    assert not t.requires_grad and t.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.arange(12)[::-1],
+        np.arange(12).reshape(3, 4)[:, ::-2],
+        np.arange(12, dtype=">i4"),
+        np.arange(12, dtype=">f8").reshape(3, 4).T,
+        np.asfortranarray(np.arange(12).reshape(3, 4)),
+    ],
+    ids=["reversed", "negative-stride-2d", "big-endian", "big-endian-transposed", "fortran"],
+)
+def test_awkward_numpy_layouts_keep_their_values(x):
+    t = as_host_tensor(x, "x")
+    np.testing.assert_array_equal(t.numpy(), x)
+    assert t.dtype.is_floating_point == (x.dtype.kind == "f")
+
+
+def test_read_only_numpy_is_copied():
+    x = np.arange(4)
+    x.setflags(write=False)
+    t = as_host_tensor(x, "x")
+    np.testing.assert_array_equal(t.numpy(), x)
+    assert t.data_ptr() != x.ctypes.data
+
+
+def test_numpy_scalars_are_0d():
+    assert as_host_tensor(np.float32(2.5), "x").shape == ()
+
+
+@pytest.mark.parametrize(
+    ("x", "error", "message"),
+    [
+        (
+            np.array(["a", "b"]),
+            TypeError,
+            f"host_arrays['s']: numpy dtype <U1 is not supported; expected one of {DTYPE_NAMES} "
+            "(bfloat16 as a torch.Tensor). Strings and objects must be encoded as numbers on the "
+            "host.",
+        ),
+        (
+            np.array([object()]),
+            TypeError,
+            f"host_arrays['s']: numpy dtype object is not supported; expected one of {DTYPE_NAMES}",
+        ),
+        (
+            np.zeros(2, np.complex64),
+            TypeError,
+            "host_arrays['s']: numpy dtype complex64 is not supported",
+        ),
+        (
+            torch.zeros(2, dtype=torch.complex64),
+            TypeError,
+            f"host_arrays['s']: dtype torch.complex64 is not supported; expected one of "
+            f"{DTYPE_NAMES}.",
+        ),
+        (
+            [1, 2],
+            TypeError,
+            "host_arrays['s']: expected a numpy array or a CPU torch.Tensor, but got list "
+            "([1, 2]). Wrap Python numbers with np.asarray(...) or torch.tensor(...).",
+        ),
+        (
+            3,
+            TypeError,
+            "host_arrays['s']: expected a numpy array or a CPU torch.Tensor, but got int (3).",
+        ),
+    ],
+)
+def test_bad_leaves(x, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        as_host_tensor(x, "host_arrays['s']")
+
+
+def test_device_tensor_is_refused():
+    x = torch.zeros(2, device=torch_xla.device())
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "host_arrays['s']: expected a host array (numpy array or CPU torch.Tensor), but got a "
+            "tensor on device xla:0. Global tensors are read back with global_to_host_array."
+        ),
+    ):
+        as_host_tensor(x, "host_arrays['s']")
+
+
+def test_shape_dtype():
+    assert shape_dtype(np.zeros((2, 3), np.int8), "x") == ((2, 3), np.dtype(np.int8))
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "host_specs['a']: expected a TensorSpec or an object with .shape and .dtype, but got "
+            "int."
+        ),
+    ):
+        shape_dtype(3, "host_specs['a']")

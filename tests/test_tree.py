@@ -1,0 +1,133 @@
+"""Pytree handling (torchshard._tree): None as an empty subtree, dataclasses as nodes, paths,
+prefix broadcasting with precise errors."""
+
+import collections
+import dataclasses
+import re
+
+import pytest
+
+import torchshard as ts
+from torchshard._tree import LazyPaths, broadcast_prefix, flatten, paths, structure, unflatten
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@dataclasses.dataclass
+class Node:
+    a: object
+    b: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    u: object
+    v: object
+
+
+def _is_spec(x):
+    return isinstance(x, ts.PartitionSpec)
+
+
+def test_flatten_keeps_node_types_and_passes_none_through():
+    tree = {"d": {"z": 1, "a": 2}, "l": [3, None], "t": (4,), "p": Point(5, 6), "n": Node(7)}
+    leaves, spec = flatten(tree)
+    assert sorted(leaves) == [1, 2, 3, 4, 5, 6, 7]
+    back = unflatten(spec, leaves)
+    assert back == tree
+    assert type(back["t"]) is tuple and type(back["p"]) is Point and type(back["n"]) is Node
+    assert list(back["d"]) == ["z", "a"]  # insertion order kept
+    assert back["l"][1] is None and back["n"].b is None
+
+
+def test_frozen_dataclasses_rebuild():
+    leaves, spec = flatten(Frozen(1, [2, 3]))
+    assert leaves == [1, 2, 3]
+    assert unflatten(spec, [4, 5, 6]) == Frozen(4, [5, 6])
+
+
+def test_tensor_spec_is_a_leaf():
+    spec = ts.TensorSpec((2, 3), "float32")
+    assert flatten({"s": spec})[0] == [spec]
+
+
+def test_paths_are_code():
+    tree = {"x": [1, {"y": 2}], "p": Point(3, 4), "n": Node(5, 6)}
+    _, spec = flatten(tree)
+    assert paths(spec, "host_arrays") == [
+        "host_arrays['n'].a",
+        "host_arrays['n'].b",
+        "host_arrays['p'].x",
+        "host_arrays['p'].y",
+        "host_arrays['x'][0]",
+        "host_arrays['x'][1]['y']",
+    ]
+    lazy = LazyPaths(spec, "t")
+    assert lazy[4] == "t['x'][0]"
+
+
+def test_broadcast_prefix():
+    full = {"a": [1, 2], "b": {"c": 3, "d": None}, "e": Node(4, 5)}
+    got = broadcast_prefix(
+        {"a": ts.P("x"), "b": None, "e": Node(ts.P("y"), None)},
+        full,
+        is_prefix_leaf=_is_spec,
+        prefix_name="partition",
+        full_name="host_arrays",
+    )
+    # flatten order: a[0], a[1], b.c, e.a, e.b
+    assert got == [ts.P("x"), ts.P("x"), None, ts.P("y"), None]
+    assert (
+        broadcast_prefix(ts.P("z"), full, is_prefix_leaf=_is_spec, prefix_name="p", full_name="f")
+        == [ts.P("z")] * 5
+    )
+    assert (
+        broadcast_prefix(None, full, is_prefix_leaf=_is_spec, prefix_name="p", full_name="f")
+        == [None] * 5
+    )
+
+
+def test_broadcast_prefix_spec_for_a_none_subtree_covers_nothing():
+    got = broadcast_prefix(
+        {"a": ts.P("x"), "b": ts.P("y")},
+        {"a": 1, "b": None},
+        is_prefix_leaf=_is_spec,
+        prefix_name="partition",
+        full_name="host_arrays",
+    )
+    assert got == [ts.P("x")]
+
+
+def test_broadcast_prefix_error_names_both_trees():
+    with pytest.raises(ts.TreeStructureError) as info:
+        broadcast_prefix(
+            {"a": ts.P("x"), "z": None},
+            {"a": 1, "b": 2},
+            is_prefix_leaf=_is_spec,
+            prefix_name="partition",
+            full_name="host_arrays",
+        )
+    text = str(info.value)
+    assert text.startswith("partition must be a tree prefix of host_arrays, but it is not.\n")
+    assert "missing key(s):\n    ['z']" in text and "extra key(s):\n    ['b']" in text
+    assert text.endswith(
+        "partition tree: PyTreeSpec({'a': *, 'z': *})\nhost_arrays tree: PyTreeSpec({'a': *, 'b': *})"
+    )
+
+
+def test_broadcast_prefix_tuple_is_not_a_prefix_of_a_namedtuple():
+    with pytest.raises(
+        ts.TreeStructureError,
+        match=re.escape("partition must be a tree prefix of host_arrays, but it is not."),
+    ):
+        broadcast_prefix(
+            (ts.P("x"), None),
+            Point(1, 2),
+            is_prefix_leaf=_is_spec,
+            prefix_name="partition",
+            full_name="host_arrays",
+        )
+
+
+def test_structure():
+    assert structure({"a": None, "b": [1]}) == flatten({"a": None, "b": [1]})[1]
