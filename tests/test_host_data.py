@@ -69,9 +69,11 @@ def test_numpy_scalars_are_0d():
         (
             np.array(["a", "b"]),
             TypeError,
-            f"host_arrays['s']: numpy dtype <U1 is not supported; expected one of {DTYPE_NAMES} "
-            "(bfloat16 as a torch.Tensor). Strings and objects must be encoded as numbers on the "
-            "host.",
+            (
+                f"host_arrays['s']: numpy dtype <U1 is not supported; expected one of {DTYPE_NAMES} "
+                "(bfloat16 as a torch.Tensor). Strings and objects must be encoded as numbers on the "
+                "host."
+            ),
         ),
         (
             np.array([object()]),
@@ -86,14 +88,18 @@ def test_numpy_scalars_are_0d():
         (
             torch.zeros(2, dtype=torch.complex64),
             TypeError,
-            f"host_arrays['s']: dtype torch.complex64 is not supported; expected one of "
-            f"{DTYPE_NAMES}.",
+            (
+                f"host_arrays['s']: dtype torch.complex64 is not supported; expected one of "
+                f"{DTYPE_NAMES}."
+            ),
         ),
         (
             [1, 2],
             TypeError,
-            "host_arrays['s']: expected a numpy array or a CPU torch.Tensor, but got list "
-            "([1, 2]). Wrap Python numbers with np.asarray(...) or torch.tensor(...).",
+            (
+                "host_arrays['s']: expected a numpy array or a CPU torch.Tensor, but got list "
+                "([1, 2]). Wrap Python numbers with np.asarray(...) or torch.tensor(...)."
+            ),
         ),
         (
             3,

@@ -111,7 +111,8 @@ def test_broadcast_prefix_error_names_both_trees():
     assert text.startswith("partition must be a tree prefix of host_arrays, but it is not.\n")
     assert "missing key(s):\n    ['z']" in text and "extra key(s):\n    ['b']" in text
     assert text.endswith(
-        "partition tree: PyTreeSpec({'a': *, 'z': *})\nhost_arrays tree: PyTreeSpec({'a': *, 'b': *})"
+        "partition tree: PyTreeSpec({'a': *, 'z': *})\n"
+        "host_arrays tree: PyTreeSpec({'a': *, 'b': *})"
     )
 
 
