@@ -70,9 +70,9 @@ def test_numpy_scalars_are_0d():
             np.array(["a", "b"]),
             TypeError,
             (
-                f"host_arrays['s']: numpy dtype <U1 is not supported; expected one of {DTYPE_NAMES} "
-                "(bfloat16 as a torch.Tensor). Strings and objects must be encoded as numbers on the "
-                "host."
+                f"host_arrays['s']: numpy dtype <U1 is not supported; expected one of "
+                f"{DTYPE_NAMES} (bfloat16 as a torch.Tensor). Strings and objects must be "
+                "encoded as numbers on the host."
             ),
         ),
         (
