@@ -1,0 +1,192 @@
+"""Property tests: random meshes (rank 1-3, permuted ids), specs, shapes, dtypes and 1, 2, 4 or
+8 virtual hosts, checked against torch_xla's own placement and numpy slicing.
+
+Oracle: the global array G is placed with torch_xla's ``mark_sharding``; the index map it
+reports gives each host's segments (the distinct ranges its devices hold, per dimension), and so
+the block ``G[segments]`` that host must pass. torchshard must then place every device's shard
+exactly where torch_xla puts it, and read each host's block back bit for bit.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    host_segments,
+    layout_is_uniform,
+    take_segments,
+    to_numpy,
+    torch_xla_placement,
+    xla_shards,
+)
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+import torchshard as ts
+from torchshard.testing import (
+    global_to_host_array_per_host,
+    host_to_global_array_per_host,
+    virtual_hosts,
+)
+
+SETTINGS = settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
+NAMES = ("a", "b", "c")
+
+
+def _factorizations(n, rank):
+    if rank == 1:
+        return [(n,)]
+    return [
+        (d, *rest) for d in (1, 2, 4, 8) if n % d == 0 for rest in _factorizations(n // d, rank - 1)
+    ]
+
+
+@st.composite
+def meshes(draw):
+    rank = draw(st.integers(1, 3))
+    shape = draw(st.sampled_from(_factorizations(8, rank)))
+    ids = draw(st.permutations(range(8)))
+    return ts.Mesh(np.asarray(ids).reshape(shape), NAMES[:rank])
+
+
+@st.composite
+def specs(draw, mesh, ndim):
+    """A spec of length <= ndim: each mesh axis splits at most one dim (or none); entries are
+    None, an axis name, or a tuple of axis names in a random order."""
+    length = draw(st.integers(0, ndim))
+    entries = [[] for _ in range(length)]
+    for axis in draw(st.permutations(mesh.axis_names)):
+        slot = draw(st.integers(-1, length - 1))
+        if slot >= 0:
+            entries[slot].append(axis)
+    out = []
+    for axes in entries:
+        if not axes:
+            out.append(None)
+        elif len(axes) == 1 and draw(st.booleans()):
+            out.append(axes[0])
+        else:
+            out.append(tuple(axes))
+    return ts.P(*out)
+
+
+def _shard_counts(mesh, spec, ndim):
+    counts = []
+    for entry in tuple(spec) + (None,) * (ndim - len(spec)):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        counts.append(math.prod(mesh.shape[a] for a in axes))
+    return counts
+
+
+def _values(dtype, shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=gen, dtype=torch.float64) * 1e3).to(dtype)
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -(2**62)), min(info.max, 2**62)
+    return torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64).to(dtype)
+
+
+def _block(G, segments):
+    """``G[segments]`` as a tensor of G's dtype (bit-exact, bfloat16 included)."""
+    bits = take_segments(to_numpy(G), segments)
+    t = torch.from_numpy(np.array(bits, order="C"))  # keeps 0-d arrays 0-d
+    return t.view(torch.bfloat16) if G.dtype == torch.bfloat16 else t
+
+
+def _bits_equal(a, b):
+    a, b = to_numpy(a), to_numpy(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+@st.composite
+def even_cases(draw):
+    mesh = draw(meshes())
+    ndim = draw(st.integers(0, 3))
+    spec = draw(specs(mesh, ndim))
+    counts = _shard_counts(mesh, spec, ndim)
+    shape = tuple(k * draw(st.integers(1, 3)) for k in counts)
+    hosts = draw(st.sampled_from([1, 2, 4, 8]))
+    dtype = draw(st.sampled_from(DTYPES))
+    as_numpy = dtype != torch.bfloat16 and draw(st.booleans())
+    return mesh, spec, shape, hosts, dtype, as_numpy, draw(st.integers(0, 2**31))
+
+
+@SETTINGS
+@given(case=even_cases())
+def test_round_trip_matches_torch_xla_and_numpy(case):
+    mesh, spec, shape, hosts, dtype, as_numpy, seed = case
+    G = _values(dtype, shape, seed)
+    xla = torch_xla_placement(G, mesh, spec)  # the oracle: torch_xla's own placement
+    xla_map = {d: ranges for d, (ranges, _) in xla.items()}
+    sharding = ts.NamedSharding(mesh, spec)
+    index_map = sharding.devices_indices_map(shape)
+    assert {d: tuple((s.start, s.stop) for s in sl) for d, sl in index_map.items()} == xla_map
+
+    owner = [d // (8 // hosts) for d in range(8)]
+    segments = host_segments(xla_map, owner, len(shape))
+    blocks = [_block(G, segments[h]) for h in range(hosts)]
+    if as_numpy:
+        blocks = [b.numpy() for b in blocks]
+    with virtual_hosts(hosts), mesh:
+        uniform = layout_is_uniform(segments, len(shape))
+        event(f"{hosts} hosts, {'uniform' if uniform else 'non-uniform'}")
+        if not uniform:  # every host passes a block of host 0's shape; no global shape fits
+            with pytest.raises(ts.NonUniformShardingError, match="is not process-uniform"):
+                host_to_global_array_per_host([blocks[0]] * hosts, partition=spec)
+            return
+        g = host_to_global_array_per_host(blocks, partition=spec)
+        assert tuple(g.shape) == shape and g.dtype == dtype
+        shards = xla_shards(g)
+        back = global_to_host_array_per_host(g)
+    assert sorted(shards) == list(range(8))
+    for d, (ranges, data) in shards.items():
+        assert ranges == xla_map[d], d
+        assert _bits_equal(data, G[index_map[d]]), d
+    for h in range(hosts):
+        assert back[h].dtype == dtype
+        assert _bits_equal(back[h], torch.as_tensor(blocks[h])), h
+
+
+@st.composite
+def uneven_cases(draw):
+    mesh = draw(meshes())
+    ndim = draw(st.integers(1, 3))
+    spec = draw(specs(mesh, ndim))
+    counts = _shard_counts(mesh, spec, ndim)
+    shape = tuple(draw(st.integers(1, 2 * k + 1)) for k in counts)
+    assume(any(n % k for n, k in zip(shape, counts, strict=True)))
+    return mesh, spec, shape, draw(st.sampled_from(DTYPES)), draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=uneven_cases())
+def test_uneven_shapes_are_refused_but_mapped_as_torch_xla_pads_them(case):
+    mesh, spec, shape, dtype, seed = case
+    G = _values(dtype, shape, seed)
+    xla = torch_xla_placement(G, mesh, spec)
+    index_map = ts.NamedSharding(mesh, spec).devices_indices_map(shape)
+    for d, (ranges, data) in xla.items():
+        assert tuple((s.start, s.stop) for s in index_map[d]) == ranges, d
+        assert _bits_equal(data, G[index_map[d]]), d
+    with mesh, pytest.raises(ts.IndivisibleError, match="Pad the batch to a multiple"):
+        ts.host_to_global_array(G, partition=spec)
