@@ -222,6 +222,21 @@ def test_full_spreads_over_every_axis_and_checks_batch_agreement(mesh42):
     _check_shards(g["x"], np.arange(8), ts.current_mesh(), ts.P(("data", "model")))
 
 
+def test_batch_partition_infers_the_global_shape_from_the_mesh(fresh_deprecations):
+    # BATCH is P(("data",), ("seq",)) here; with 2 hosts each host holds half of the rows
+    # (mesh rows follow hosts) and every column block, so the global batch is 2 x the local one.
+    mesh = ts.Mesh(np.arange(8).reshape(2, 2, 2), ("data", "seq", "model"))
+    x = np.arange(8 * 4).reshape(8, 4)
+    with virtual_hosts(2), mesh:
+        with pytest.warns(DeprecationWarning, match="Passing a DataPartitionType"):
+            g = host_to_global_array_per_host([x[:4], x[4:]], partition=ts.DataPartitionType.BATCH)
+        assert tuple(g.shape) == (8, 4)
+        _check_shards(g, x, mesh, ts.P(("data",), ("seq",)))
+        back = global_to_host_array_per_host(g)
+    np.testing.assert_array_equal(back[0].numpy(), x[:4])
+    np.testing.assert_array_equal(back[1].numpy(), x[4:])
+
+
 def test_each_device_receives_only_its_shard(mesh42, monkeypatch):
     """No full copy per device: the backend is handed one shard-sized view per device."""
     backend = get_backend(ts.current_mesh())
