@@ -533,3 +533,12 @@ def test_four_threads_each_with_its_own_mesh_and_data():
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert sorted(done) == [0, 1, 2, 3]
+
+
+def test_dataclass_spec_prefix(mesh42):
+    x = np.arange(16).reshape(8, 2)
+    g = ts.host_to_global_array(
+        Batch(ids=x, mask={"m": x}), partition=Batch(ids=ts.P("data"), mask=None)
+    )
+    _check_shards(g.ids, x, ts.current_mesh(), ts.P("data"))
+    _check_shards(g.mask["m"], x, ts.current_mesh(), ts.P())

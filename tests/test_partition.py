@@ -159,3 +159,10 @@ def test_complete_partition_spec_tree_not_a_prefix():
         "partition_spec_tree tree: PyTreeSpec({'a': *, 'b': [*]})\n"
         "treedef_or_tree tree: PyTreeSpec({'a': *, 'b': [*, *]})"
     )
+
+
+def test_dataclass_spec_trees(mesh42):
+    tree = Pair(c=ts.DataPartitionType.REPLICATED, d=[ts.P("data"), None])
+    assert ts.data_partition_type_to_spec(tree) == Pair(c=ts.P(None), d=[ts.P("data"), None])
+    with pytest.raises(ts.UnsupportedPartitionError, match=re.escape("Unsupported partition: 3")):
+        ts.data_partition_type_to_spec(Pair(c=3, d=None))

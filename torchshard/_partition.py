@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import optree
@@ -63,7 +64,8 @@ def data_partition_type_to_spec(partition: Any) -> Any:
 
     ``FULL`` -> ``input_partition_spec()``; ``REPLICATED`` -> ``P(None)``; ``BATCH`` ->
     ``P(batch axes, seq axes)`` of the current mesh; a ``PartitionSpec`` is returned as is; a
-    dict (or other tree) is converted leaf by leaf.
+    tree (dicts, lists, tuples, namedtuples, dataclasses, as data trees) is converted leaf by
+    leaf.
 
     Example:
         >>> data_partition_type_to_spec(DataPartitionType.REPLICATED)
@@ -71,10 +73,18 @@ def data_partition_type_to_spec(partition: Any) -> Any:
     """
     if _is_partition_leaf(partition) or partition is None:
         return _one(partition)
-    if not isinstance(partition, (dict, list, tuple)) and not optree.is_namedtuple(partition):
+    if not _is_tree_node(partition):
         raise UnsupportedPartitionError(f"Unsupported partition: {partition}")
     leaves, treespec = flatten(partition, is_leaf=_is_partition_leaf)
     return unflatten(treespec, [_one(x) for x in leaves])
+
+
+def _is_tree_node(x: Any) -> bool:
+    return (
+        isinstance(x, (dict, list, tuple))
+        or optree.is_namedtuple(x)
+        or (dataclasses.is_dataclass(x) and not isinstance(x, type))
+    )
 
 
 def complete_partition_spec_tree(treedef_or_tree: Any, partition_spec_tree: Any) -> Any:
