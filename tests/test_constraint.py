@@ -222,8 +222,10 @@ def test_maybe_shard_all_unconstrained_is_nothing_to_do(mesh42, caplog):
     [
         (
             (UNCONSTRAINED, "model"),
-            ("P(UNCONSTRAINED, 'model') mixes UNCONSTRAINED with constrained dimensions, which "
-            "the xla backend cannot express."),
+            (
+                "P(UNCONSTRAINED, 'model') mixes UNCONSTRAINED with constrained dimensions, which "
+                "the xla backend cannot express."
+            ),
         ),
         (
             ("data", None, None),
@@ -254,8 +256,10 @@ def test_maybe_shard_leaves_host_tensors(mesh42, caplog):
     assert y["host"] is x["host"]
     assert_sharded_as(y["dev"], mesh42, P("model"))
     assert [r.getMessage() for r in caplog.records] == [
-        ("maybe_shard: left Tensor on cpu as it is: P('model',) applies to tensors of the xla "
-        "backend.")
+        (
+            "maybe_shard: left Tensor on cpu as it is: P('model',) applies to tensors of the xla "
+            "backend."
+        )
     ]
 
 

@@ -92,9 +92,7 @@ def _dispatch_dict(
                 "one dispatch key per subtree."
             )
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
-            found = (
-                f"shape {tuple(leaf.shape)}" if isinstance(leaf, torch.Tensor) else type(leaf)
-            )
+            found = f"shape {tuple(leaf.shape)}" if isinstance(leaf, torch.Tensor) else type(leaf)
             raise ShardingError(
                 f"{paths[i]}: dispatch selects rows along dim 0, so every leaf beside the "
                 f"dispatch key must be a tensor of rank >= 1; got {found}."

@@ -438,9 +438,7 @@ class SpmdInputDispatcher:
         mesh = require_mesh("SpmdInputDispatcher")
         logical = _positive_int("global_logical_batch_size", global_logical_batch_size)
         if not isinstance(partition_spec, PartitionSpec):
-            raise TypeError(
-                f"partition_spec must be a PartitionSpec, but got {partition_spec!r}."
-            )
+            raise TypeError(f"partition_spec must be a PartitionSpec, but got {partition_spec!r}.")
         if not partition_spec:
             raise ValueError(f"partition_spec={partition_spec!r} cannot be empty.")
         if any(entry is not None for entry in partition_spec[1:]):
