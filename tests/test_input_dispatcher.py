@@ -559,3 +559,19 @@ def test_spmd_validate():
             )
     with pytest.raises(ts.NoMeshError, match="SpmdInputDispatcher must be called inside"):
         ts.SpmdInputDispatcher(4, partition_spec=P("x"))
+
+
+def test_permuted_logical_feeds_are_not_the_identity(mesh8):
+    """8 rows from 2 feeds with logical_feed_indices (1, 0): no padding is needed, but physical
+    feed 1 holds logical rows 0-3; axlearn skips the key here and the batch comes out in
+    physical order (4-7 first). torchshard keeps the key."""
+    feeds = []
+    for i in range(2):
+        d = ts.InputDispatcher(
+            8, num_physical_feeds=2, physical_feed_index=i, logical_feed_indices=(1, 0)
+        )
+        assert not d.is_identity and d.global_physical_batch_size == 8
+        shard = d.feed_read_config()["shard_index"]
+        feeds.append(d.logical_to_physical_batch({"v": np.arange(4) + 4 * shard}))
+    out = d.physical_to_logical_batch(_assemble(feeds, 2, d.partition_spec))
+    assert ts.replicate_to_local_data(out)["v"].tolist() == list(range(8))

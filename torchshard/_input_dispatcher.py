@@ -241,8 +241,11 @@ class InputDispatcher:
 
     @property
     def is_identity(self) -> bool:
-        """Whether batches pass through unchanged (no padding, no key)."""
-        return self._logical == self._physical and self._feeds == self.num_logical_feeds
+        """Whether batches pass through unchanged (no padding, no key): every feed is logical
+        feed of the same index, so the physical order already is the logical order. (axlearn
+        also skips the key when the logical feeds are the physical ones in another order, which
+        then silently reorders the batch.)"""
+        return self._logical == self._physical and self._indices == tuple(range(self._feeds))
 
     def feed_read_config(self) -> dict[str, int]:
         """Which shard of the source this feed reads: ``{"num_shards", "shard_index"}``.
