@@ -22,7 +22,6 @@ from torchshard._errors import ShardingError as ShardingError
 from torchshard._errors import TreeStructureError as TreeStructureError
 from torchshard._index import NamedSharding as NamedSharding
 from torchshard._input_dispatcher import InputDispatcher as InputDispatcher
-from torchshard._input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._mesh import Mesh as Mesh
 from torchshard._mesh import current_mesh as current_mesh
 from torchshard._mesh_build import HybridMeshShape as HybridMeshShape
@@ -35,6 +34,7 @@ from torchshard._partition import input_partition_spec as input_partition_spec
 from torchshard._spec import DataPartitionType as DataPartitionType
 from torchshard._spec import P as P
 from torchshard._spec import PartitionSpec as PartitionSpec
+from torchshard._spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
