@@ -283,3 +283,12 @@ def test_gradients_flow_through(mesh42):
     (y * 3).sum().backward()
     torch_xla.sync()
     assert torch.equal(x.grad.cpu(), torch.full((8, 3), 3.0))
+
+
+def test_accepts_what_mark_sharding_returns(mesh42):
+    t = torch.arange(16.0).reshape(8, 2).to("xla")
+    wrapped = xs.mark_sharding(t, mesh42.xla_mesh, ("data", None))
+    assert type(wrapped) is not torch.Tensor  # an XLAShardedTensor
+    y = ts.with_sharding_constraint(wrapped, P("model"))
+    assert_sharded_as(y, mesh42, P("model"))
+    assert torch.equal(ts.replicate_to_local_data(y), torch.arange(16.0).reshape(8, 2))

@@ -221,6 +221,8 @@ class XlaBackend:
         # any reshard runs on the devices when the step is compiled. `mark_sharding` would not
         # do: on device data that already carries another sharding it refuses ("Existing
         # annotation must be cleared first"), and clearing first reshards through the host.
+        if isinstance(x, _xs().XLAShardedTensor):  # what xs.mark_sharding returns
+            x = x.global_tensor
         y = x.clone()
         _annotate_custom_sharding(y, _op_sharding(mesh, axes))
         return y
