@@ -92,7 +92,11 @@ def _dispatch_dict(
                 "one dispatch key per subtree."
             )
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
-            found = f"shape {tuple(leaf.shape)}" if isinstance(leaf, torch.Tensor) else type(leaf)
+            found = (
+                f"shape {tuple(leaf.shape)}"
+                if isinstance(leaf, torch.Tensor)
+                else type(leaf).__name__
+            )
             raise ShardingError(
                 f"{paths[i]}: dispatch selects rows along dim 0, so every leaf beside the "
                 f"dispatch key must be a tensor of rank >= 1; got {found}."
@@ -133,7 +137,7 @@ def onehot_to_indices(key: torch.Tensor, where: str, physical: int, check: bool)
 
 
 def _check_onehot(key: torch.Tensor, nonzero: torch.Tensor, where: str) -> None:
-    # One sync: column sums and whether every entry is 0 or 1.
+    # Reads back (a sync) the column sums and whether every entry is 0 or 1.
     counts = nonzero.to(torch.int32).sum(dim=0).cpu()
     binary = bool(((key == 0) | (key == 1)).all().cpu())
     bad = [int(c) for c in torch.nonzero(counts != 1).reshape(-1)]
