@@ -9,12 +9,19 @@ from torchshard._assemble import host_to_global_array as host_to_global_array
 from torchshard._assemble import host_to_global_device_array as host_to_global_device_array
 from torchshard._assemble import host_to_global_specs as host_to_global_specs
 from torchshard._assemble import replicate_to_local_data as replicate_to_local_data
+from torchshard._constraint import maybe_shard as maybe_shard
+from torchshard._constraint import with_sharding_constraint as with_sharding_constraint
+from torchshard._dispatch import (
+    PHYSICAL_TO_LOGICAL_DISPATCH_KEY as PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
+)
+from torchshard._dispatch import dispatch_input_batch as dispatch_input_batch
 from torchshard._errors import IndivisibleError as IndivisibleError
 from torchshard._errors import NoMeshError as NoMeshError
 from torchshard._errors import NonUniformShardingError as NonUniformShardingError
 from torchshard._errors import ShardingError as ShardingError
 from torchshard._errors import TreeStructureError as TreeStructureError
 from torchshard._index import NamedSharding as NamedSharding
+from torchshard._input_dispatcher import InputDispatcher as InputDispatcher
 from torchshard._mesh import Mesh as Mesh
 from torchshard._mesh import current_mesh as current_mesh
 from torchshard._mesh_build import HybridMeshShape as HybridMeshShape
@@ -27,6 +34,7 @@ from torchshard._partition import input_partition_spec as input_partition_spec
 from torchshard._spec import DataPartitionType as DataPartitionType
 from torchshard._spec import P as P
 from torchshard._spec import PartitionSpec as PartitionSpec
+from torchshard._spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
@@ -35,13 +43,16 @@ __all__ = [
     "DataPartitionType",
     "HybridMeshShape",
     "IndivisibleError",
+    "InputDispatcher",
     "Mesh",
     "NamedSharding",
     "NoMeshError",
     "NonUniformShardingError",
     "P",
+    "PHYSICAL_TO_LOGICAL_DISPATCH_KEY",
     "PartitionSpec",
     "ShardingError",
+    "SpmdInputDispatcher",
     "TensorSpec",
     "TreeStructureError",
     "UnsupportedPartitionError",
@@ -49,14 +60,17 @@ __all__ = [
     "create_device_mesh",
     "current_mesh",
     "data_partition_type_to_spec",
+    "dispatch_input_batch",
     "global_to_host_array",
     "host_to_global_array",
     "host_to_global_device_array",
     "host_to_global_specs",
     "infer_mesh_shape",
     "input_partition_spec",
+    "maybe_shard",
     "process_count",
     "process_index",
     "replicate_to_local_data",
+    "with_sharding_constraint",
 ]
 assert sorted(__all__) == __all__

@@ -74,7 +74,12 @@ class Backend(Protocol):
         ...
 
     def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
-        """``x`` constrained to the sharding ``axes`` on ``mesh`` inside a step."""
+        """``x`` constrained to the sharding ``axes`` on ``mesh`` inside a step.
+
+        Returns a new tensor with ``x``'s value; ``x`` itself (its data, its annotation) is
+        left as it was, whatever sharding it already carries. ``axes`` has one entry per
+        dimension of ``x`` and has been validated against ``mesh`` by the caller.
+        """
         ...
 
 

@@ -138,6 +138,31 @@ def _op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
     return to_xla_mesh(mesh).get_op_sharding(spec)
 
 
+def _materialize(tensors: Sequence[torch.Tensor]) -> None:
+    """Runs the pending graph of ``tensors`` (if any) and waits until their data is ready.
+
+    torch_xla 2.9: ``_get_local_shards`` neither runs pending IR (a step output that was never
+    synced has no sharding yet: "Tensor is not sharded") nor waits for an execution still in
+    flight after ``torch_xla.sync()`` ("Trying to access XLA data ... while an async operation
+    is in flight"). ``_xla_sync_multi(tensors, devices=[], wait=True)`` does both; on tensors
+    that are already device data it returns at once.
+    """
+    _xla()._XLAC._xla_sync_multi(list(tensors), [], wait=True)
+
+
+def _annotate_custom_sharding(x: torch.Tensor, op_sharding: Any) -> None:
+    """Wraps ``x``'s IR value in a custom-sharding node (in place on ``x``).
+
+    torch_xla 2.9: ``_xla_annotate_custom_sharding(tensor, op_sharding)`` sets the tensor's IR
+    to ``custom_sharding(current IR)`` and its sharding spec, for device data and lazy IR alike,
+    without the existing-annotation check of ``_xla_mark_sharding``. (``_xla_clear_sharding`` on
+    device data only drops the spec: the data stays sharded, ``_get_local_shards`` then fails
+    with "Tensor is not sharded", and a later ``_xla_mark_sharding`` downloads the whole value
+    and uploads it again.)
+    """
+    _xla()._XLAC._xla_annotate_custom_sharding(x, op_sharding)
+
+
 def _parse_ranges(indices: Any, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
     if indices is Ellipsis:
         return tuple((0, n) for n in shape)
@@ -193,6 +218,7 @@ class XlaBackend:
         if not tensors:
             return []
         xlac = _xla()._XLAC
+        _materialize(tensors)
         datas = xlac._get_local_shards(list(tensors))
         indices = xlac._get_local_shard_replica_and_indices(list(tensors))
         out = []
@@ -212,9 +238,16 @@ class XlaBackend:
         return x.cpu()
 
     def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
-        spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
-        _xs().mark_sharding(x, to_xla_mesh(mesh), spec)
-        return x
+        # A clone is a new lazy tensor over the same IR value (device data stays device data);
+        # the custom-sharding node goes on the clone, so `x` keeps its value and annotation and
+        # any reshard runs on the devices when the step is compiled. `mark_sharding` would not
+        # do: on device data that already carries another sharding it refuses ("Existing
+        # annotation must be cleared first"), and clearing first reshards through the host.
+        if isinstance(x, _xs().XLAShardedTensor):  # what xs.mark_sharding returns
+            x = x.global_tensor
+        y = x.clone()
+        _annotate_custom_sharding(y, _op_sharding(mesh, axes))
+        return y
 
 
 BACKEND = XlaBackend()

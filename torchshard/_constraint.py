@@ -1,0 +1,195 @@
+"""In-step sharding annotations: ``with_sharding_constraint`` (strict) and ``maybe_shard``
+(best effort).
+
+Both annotate global (lazy) tensors with a spec on the current mesh through the mesh's backend
+(torch_xla: a custom-sharding node on a clone of the tensor; the compiler inserts whatever
+collective the new layout needs). The input tensors are never modified; the result is a new
+tree. The only no-ops are the documented ones: ``spec is None``, no current mesh, or a mesh of
+one device.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from torchshard._backend import get_backend
+from torchshard._errors import ShardingError
+from torchshard._index import dim_axes
+from torchshard._mesh import Mesh, current_mesh
+from torchshard._spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
+from torchshard._tree import LazyPaths, broadcast_prefix, flatten, unflatten
+
+_LOG = logging.getLogger("torchshard")
+_LOGGED: set[str] = set()
+_LOG_LOCK = threading.Lock()
+
+
+def _debug_once(message: str) -> None:
+    with _LOG_LOCK:
+        if message in _LOGGED:
+            return
+        _LOGGED.add(message)
+    _LOG.debug(message)
+
+
+def _active_mesh() -> Mesh | None:
+    """The mesh to annotate on, or None when annotating is a documented no-op."""
+    mesh = current_mesh()
+    if mesh is None or mesh.size == 1:
+        return None
+    return mesh
+
+
+def _is_spec_leaf(s: Any) -> bool:
+    # None is an empty subtree here (broadcast_prefix turns a None prefix into "no spec").
+    return isinstance(s, PartitionSpec) or (
+        s is not None and not isinstance(s, (dict, list, tuple))
+    )
+
+
+def _specs_per_leaf(spec: Any, x: Any, n: int) -> list[Any]:
+    if isinstance(spec, PartitionSpec):
+        return [spec] * n
+    if isinstance(spec, str):
+        raise TypeError(
+            f"spec: expected a PartitionSpec or a tree prefix of them, but got the str {spec!r}; "
+            f"write P({spec!r})."
+        )
+    specs = broadcast_prefix(
+        spec,
+        x,
+        is_prefix_leaf=_is_spec_leaf,
+        prefix_name="spec",
+        full_name="x",
+    )
+    return specs
+
+
+def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
+    """Constrains every tensor of ``x`` to ``spec`` on the current mesh (strict).
+
+    Use it inside a step, on lazy or device tensors of the mesh's backend. Nothing is modified
+    in place: the result is a new tree of new tensors with the same values.
+
+    Args:
+        x: a tensor or a tree (dicts, lists, tuples, namedtuples, dataclasses) of them.
+        spec: a ``PartitionSpec`` for every leaf, or a tree prefix of ``x`` whose leaves are
+            ``PartitionSpec`` or ``None`` (``None``: that subtree is left unconstrained).
+            Shorter specs leave the trailing dimensions unsplit.
+
+    Returns:
+        ``x`` itself when ``spec is None``, when there is no current mesh, or on a mesh of one
+        device; otherwise the constrained tree.
+
+    Raises:
+        ShardingError: (a ``ValueError``) naming the leaf: a spec longer than its rank, an axis
+            that is not in the mesh, or an ``UNCONSTRAINED`` entry (only ``maybe_shard`` takes
+            it). ``TypeError`` for a leaf that is not a tensor of the mesh's backend. Nothing
+            is annotated when any leaf is bad.
+
+    Example (mesh ``(4, 2)``, axes ``data``/``model``)::
+
+        >>> with mesh:
+        ...     y = with_sharding_constraint(x, P("data"))   # rows over "data", inside the step
+    """
+    if spec is None:
+        return x
+    mesh = _active_mesh()
+    if mesh is None:
+        return x
+    backend = get_backend(mesh)
+    leaves, treespec = flatten(x)
+    specs = _specs_per_leaf(spec, x, len(leaves))
+    where = LazyPaths(treespec, "x")
+    plan = []
+    for i, (leaf, s) in enumerate(zip(leaves, specs, strict=True)):
+        if s is None:
+            plan.append(None)
+            continue
+        if not isinstance(s, PartitionSpec):
+            raise TypeError(
+                f"spec (for {where[i]}): expected a PartitionSpec or None, but got {s!r} of "
+                f"type {type(s).__name__}; wrap axis names in P(...)."
+            )
+        if not backend.is_global(leaf):
+            raise TypeError(
+                f"{where[i]}: with_sharding_constraint annotates tensors of the {backend.name} "
+                f"backend (inside a step), but got {_describe(leaf)}. Move host data with "
+                "host_to_global_array first."
+            )
+        plan.append(dim_axes(mesh, s, leaf.dim(), where=where[i]))
+    out = [
+        leaf if axes is None else backend.annotate(leaf, mesh, axes)
+        for leaf, axes in zip(leaves, plan, strict=True)
+    ]
+    return unflatten(treespec, out)
+
+
+def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
+    """Best-effort sharding hint: like ``with_sharding_constraint``, but never fails.
+
+    A leaf the annotation cannot apply to is left as it is, and the reason is logged once at
+    debug level (logger ``"torchshard"``): a spec longer than the leaf's rank, an axis not in
+    the mesh, a leaf that is not a tensor of the mesh's backend, or ``UNCONSTRAINED`` entries
+    mixed with constrained ones (torch_xla's shardings cannot leave single dimensions to the
+    compiler). A spec whose entries are all ``UNCONSTRAINED`` asks for nothing and returns the
+    leaf unchanged.
+
+    Args:
+        x: a tensor or a tree of them.
+        spec: one ``PartitionSpec`` or a plain sequence of entries (``None``, an axis name, a
+            tuple of names, ``PartitionSpec.UNCONSTRAINED``), applied to every leaf.
+
+    Returns:
+        ``x`` itself when ``spec is None``, with no current mesh, or on a one-device mesh;
+        otherwise a new tree.
+
+    Example:
+        >>> with mesh:
+        ...     h = maybe_shard(h, ("data", None, "model"))   # activations hint
+    """
+    if spec is None:
+        return x
+    mesh = _active_mesh()
+    if mesh is None:
+        return x
+    spec = as_partition_spec(spec)
+    backend = get_backend(mesh)
+    leaves, treespec = flatten(x)
+    out = []
+    for leaf in leaves:
+        out.append(_maybe_annotate(backend, mesh, spec, leaf))
+    return unflatten(treespec, out)
+
+
+def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) -> Any:
+    if not backend.is_global(leaf):
+        _debug_once(
+            f"maybe_shard: left {_describe(leaf)} as it is: {spec!r} applies to tensors of the "
+            f"{backend.name} backend."
+        )
+        return leaf
+    unconstrained = [e is UNCONSTRAINED for e in spec]
+    if all(unconstrained):
+        return leaf
+    if any(unconstrained):
+        _debug_once(
+            f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {spec!r} mixes "
+            f"UNCONSTRAINED with constrained dimensions, which the {backend.name} backend "
+            "cannot express."
+        )
+        return leaf
+    try:
+        axes = dim_axes(mesh, spec, leaf.dim())
+    except ShardingError as e:
+        _debug_once(f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {e}")
+        return leaf
+    return backend.annotate(leaf, mesh, axes)
+
+
+def _describe(x: Any) -> str:
+    device = getattr(x, "device", None)
+    return f"{type(x).__name__}" + (f" on {device}" if device is not None else "")

@@ -1,0 +1,126 @@
+"""``SpmdInputDispatcher``: feeds inferred from the mesh, so each host's block assembles the
+global batch directly (axlearn's ``SpmdInputDispatcher``).
+
+The feed index and count along the batch dimension come from
+``NamedSharding(mesh, partition_spec).process_index_and_count(0)`` on the current mesh and
+topology (virtual hosts included); batch conversions are the identity.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torchshard._errors import ShardingError
+from torchshard._host_data import shape_dtype
+from torchshard._index import NamedSharding
+from torchshard._input_dispatcher import positive_int
+from torchshard._mesh import require_mesh
+from torchshard._spec import PartitionSpec, as_partition_spec, spec_entry_axes
+from torchshard._tensor_spec import TensorSpec
+from torchshard._tree import LazyPaths, flatten, unflatten
+
+
+class SpmdInputDispatcher:
+    """A mesh-aware dispatcher: each feed's index and the feed count along the batch dim come
+    from the current mesh and topology, so feeds assemble the global batch directly (identity
+    batch conversions).
+
+    Args:
+        global_logical_batch_size: the examples per step.
+        partition_spec: how the batch is split; only dim 0 may be split.
+
+    Raises:
+        NoMeshError: outside ``with mesh:``.
+        ValueError: an empty spec, or a batch not divisible by the partitions of dim 0.
+        NotImplementedError: a spec that splits another dimension.
+
+    Example (mesh ``(4, 2)``, axes ``data``/``model``, 2 hosts)::
+
+        >>> d = SpmdInputDispatcher(8, partition_spec=P("data"))
+        >>> d.feed_read_config()   # on host 1
+        {'num_shards': 2, 'shard_index': 1}
+    """
+
+    def __init__(self, global_logical_batch_size: int, *, partition_spec: PartitionSpec) -> None:
+        mesh = require_mesh("SpmdInputDispatcher")
+        logical = positive_int("global_logical_batch_size", global_logical_batch_size)
+        if not isinstance(partition_spec, PartitionSpec):
+            raise TypeError(f"partition_spec must be a PartitionSpec, but got {partition_spec!r}.")
+        if not partition_spec:
+            raise ValueError(f"partition_spec={partition_spec!r} cannot be empty.")
+        if any(entry is not None for entry in partition_spec[1:]):
+            raise NotImplementedError(
+                "Partitioning along non-batch dims is not supported by input dispatch: "
+                f"{partition_spec!r}; only dim 0 may be split."
+            )
+        sharding = NamedSharding(mesh, as_partition_spec(partition_spec))
+        num_partitions = math.prod(mesh.shape[a] for a in spec_entry_axes(partition_spec[0]))
+        if logical % num_partitions:
+            raise ValueError(
+                f"partition_spec={partition_spec!r} attempts to divide the batch over "
+                f"num_partitions={num_partitions}, which is incompatible with "
+                f"global_logical_batch_size={logical}."
+            )
+        self._logical = logical
+        self._spec = partition_spec
+        self._index, self._count = sharding.process_index_and_count(0)
+
+    def __repr__(self) -> str:
+        return (
+            f"SpmdInputDispatcher(global_logical_batch_size={self._logical}, "
+            f"partition_spec={self._spec!r})"
+        )
+
+    @property
+    def global_logical_batch_size(self) -> int:
+        """The examples per step."""
+        return self._logical
+
+    @property
+    def num_logical_feeds(self) -> int:
+        """The distinct blocks of the batch along dim 0 (the feeds)."""
+        return self._count
+
+    @property
+    def logical_feed_index(self) -> int:
+        """This process's block."""
+        return self._index
+
+    @property
+    def feed_logical_batch_size(self) -> int:
+        """The examples this process batches."""
+        return self._logical // self._count
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        """The spec to assemble with."""
+        return self._spec
+
+    def feed_read_config(self) -> dict[str, int]:
+        """``{"num_shards": feed count, "shard_index": this feed}``."""
+        return {"num_shards": self._count, "shard_index": self._index}
+
+    def logical_to_physical_batch(self, logical_feed_batch: Any, /) -> Any:
+        """The batch itself (new containers, same leaves)."""
+        leaves, treespec = flatten(logical_feed_batch)
+        return unflatten(treespec, leaves)
+
+    def physical_to_logical_batch(self, global_physical_batch: Any, /) -> Any:
+        """The batch itself (new containers, same leaves)."""
+        leaves, treespec = flatten(global_physical_batch)
+        return unflatten(treespec, leaves)
+
+    def logical_to_physical_shapes(self, logical_feed_shapes: Any, /) -> Any:
+        """``TensorSpec``s of the same shapes; every leaf must have rank >= 1."""
+        leaves, treespec = flatten(logical_feed_shapes)
+        where = LazyPaths(treespec, "logical_feed_shapes")
+        out = []
+        for i, leaf in enumerate(leaves):
+            shape, dtype = shape_dtype(leaf, where[i])
+            if not shape:
+                raise ShardingError(
+                    f"{where[i]}: expected a batch of rank >= 1, but got a scalar spec."
+                )
+            out.append(TensorSpec(shape, dtype))
+        return unflatten(treespec, out)
