@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -193,6 +193,21 @@ class XlaBackend:
         spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
         _xs().mark_sharding(x, to_xla_mesh(mesh), spec)
         return x
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        return None  # an OpSharding expresses every spec torchshard accepts
+
+    def check_agreement(
+        self,
+        mesh: Mesh,
+        argname: str,
+        treespec: Any,
+        leaves: Sequence[Any],
+        partition: Any,
+        where: Callable[[int], str],
+    ) -> None:
+        # Not checked: torch_xla has no cheap collective outside a step (see docs/design.md).
+        return None
 
 
 BACKEND = XlaBackend()
