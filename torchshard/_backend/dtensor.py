@@ -121,16 +121,23 @@ class _Groups:
 _GROUPS = _Groups()
 
 
+_LAST: list[Any] = [None]  # (mesh, default group, DeviceMesh) of the last lookup
+
+
 def device_mesh(mesh: Mesh) -> DeviceMesh:
     """The ``DeviceMesh`` of ``mesh``: the one it was made from, else one built (and cached)
     over its device ids. Building one is collective: every rank must enter the mesh."""
+    world = dist.GroupMember.WORLD
+    last = _LAST[0]
+    if last is not None and last[0] is mesh and last[1] is world:  # once per leaf: keep it cheap
+        return last[2]
     require_process_group()
     _check_covers_world(mesh, dist.get_world_size())
     _check_rank_order(mesh)
     native = mesh.native
-    if isinstance(native, DeviceMesh):
-        return native
-    return _GROUPS.device_mesh(mesh)
+    dm = native if isinstance(native, DeviceMesh) else _GROUPS.device_mesh(mesh)
+    _LAST[0] = (mesh, world, dm)
+    return dm
 
 
 def mesh_from_device_mesh(device_mesh: Any) -> Mesh:

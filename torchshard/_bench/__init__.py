@@ -9,4 +9,5 @@ from __future__ import annotations
 BENCHES: dict[str, str] = {
     "h2g": "torchshard._bench.h2g",
     "g2h": "torchshard._bench.g2h",
+    "dtensor": "torchshard._bench.dtensor",
 }
