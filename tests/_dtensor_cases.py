@@ -436,3 +436,41 @@ def reference_training(steps: int = 3, batch: int = 16) -> dict[str, Any]:
         opt.step()
         losses.append(loss.detach().item())
     return {"losses": losses, "weight": model[0].weight.detach().clone()}
+
+
+def loader_thread(calls: int = 20) -> dict[str, Any]:
+    """A background thread assembles batches (with the agreement check's collective) while
+    the main thread runs a step's collectives: they use different process groups, so neither
+    waits for the other's collectives nor receives their data."""
+    import threading
+
+    import torch.distributed as dist
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    shapes: list[tuple[int, ...]] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            with mesh:
+                for i in range(calls):
+                    x = torch.full((2, 3), float(rank + i))
+                    shapes.append(tuple(ts.host_to_global_array(x).shape))
+        except BaseException as e:  # noqa: BLE001 -- a thread boundary: hand it to the test
+            errors.append(e)
+
+    with mesh:
+        step = ts.host_to_global_array(torch.full((2, 3), float(rank)))
+        thread = threading.Thread(target=load, name="loader", daemon=True)
+        thread.start()
+        sums = [float(ts.replicate_to_local_data(step).sum()) for _ in range(calls)]
+        thread.join(timeout=120)
+    return {
+        "alive": thread.is_alive(),
+        "errors": [repr(e) for e in errors],
+        "shapes": shapes,
+        "sums": sums,
+    }

@@ -335,6 +335,16 @@ def test_data_parallel_training_gives_the_same_loss_on_every_rank(pools, world):
     assert first["losses"][-1] < first["losses"][0]
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_loader_thread_can_assemble_while_the_step_communicates(pools, world):
+    expected_sum = float(sum(6 * r for r in range(world)))
+    for r in pools(world).run("loader_thread", calls=20):
+        assert r["errors"] == []
+        assert not r["alive"]
+        assert r["shapes"] == [(2 * world, 3)] * 20
+        assert r["sums"] == [expected_sum] * 20
+
+
 # -- in this process: no process group -----------------------------------------------------
 
 _NO_PG = (
