@@ -264,7 +264,7 @@ class DTensorBackend:
 
     def activate(self, mesh: Mesh) -> None:
         device_mesh(mesh)
-        if agreement_check_enabled() and dist.get_world_size() > 1:
+        if dist.get_world_size() > 1:  # made here (collective), even if the check is off now
             _GROUPS.agreement_group()
 
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
