@@ -1,9 +1,11 @@
 """torchshard: per-host batches to global sharded PyTorch tensors, and back.
 
-A port of axlearn's input-sharding functions to PyTorch, on torch_xla SPMD.
+A port of axlearn's input-sharding functions to PyTorch, on torch_xla SPMD or on
+torch.distributed DTensor (the mesh chooses).
 Only this module (and ``torchshard.testing``, ``torchshard.data``) is public.
 """
 
+from torchshard._agreement import set_agreement_check as set_agreement_check
 from torchshard._assemble import global_to_host_array as global_to_host_array
 from torchshard._assemble import host_to_global_array as host_to_global_array
 from torchshard._assemble import host_to_global_device_array as host_to_global_device_array
@@ -18,6 +20,8 @@ from torchshard._dispatch import dispatch_input_batch as dispatch_input_batch
 from torchshard._errors import IndivisibleError as IndivisibleError
 from torchshard._errors import NoMeshError as NoMeshError
 from torchshard._errors import NonUniformShardingError as NonUniformShardingError
+from torchshard._errors import NoProcessGroupError as NoProcessGroupError
+from torchshard._errors import ProcessDisagreementError as ProcessDisagreementError
 from torchshard._errors import ShardingError as ShardingError
 from torchshard._errors import TreeStructureError as TreeStructureError
 from torchshard._index import NamedSharding as NamedSharding
@@ -47,10 +51,12 @@ __all__ = [
     "Mesh",
     "NamedSharding",
     "NoMeshError",
+    "NoProcessGroupError",
     "NonUniformShardingError",
     "P",
     "PHYSICAL_TO_LOGICAL_DISPATCH_KEY",
     "PartitionSpec",
+    "ProcessDisagreementError",
     "ShardingError",
     "SpmdInputDispatcher",
     "TensorSpec",
@@ -71,6 +77,7 @@ __all__ = [
     "process_count",
     "process_index",
     "replicate_to_local_data",
+    "set_agreement_check",
     "with_sharding_constraint",
 ]
 assert sorted(__all__) == __all__

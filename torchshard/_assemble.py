@@ -74,6 +74,7 @@ def _specs_for(spec_tree: Any, tree: Any, n: int, argname: str) -> list[Partitio
 
 
 def _plan(
+    backend: Backend,
     mesh: Mesh,
     spec: PartitionSpec,
     local_shape: tuple[int, ...],
@@ -83,9 +84,11 @@ def _plan(
     i: int,
 ) -> HostPlan:
     try:
-        return plan_from_local(mesh, spec, local_shape, topology.device_process, devices)
+        plan = plan_from_local(mesh, spec, local_shape, topology.device_process, devices)
+        backend.check_layout(mesh, plan.axes)
     except ShardingError as e:
         raise type(e)(at(where[i] if isinstance(where, LazyPaths) else where, str(e))) from None
+    return plan
 
 
 def _check_full_batch(paths: Any, shapes: list[tuple[int, ...]]) -> None:
@@ -142,7 +145,6 @@ def _assemble(
             f"{caller} inside virtual_hosts({topology.process_count}) has only this host's data"
             "; use torchshard.testing.host_to_global_array_per_host with one tree per host."
         )
-    spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
     hosts = [tree] if per_host is None else list(per_host)
     if per_host is not None and len(hosts) != topology.process_count:
         raise ShardingError(
@@ -150,8 +152,13 @@ def _assemble(
             f"{len(hosts)}."
         )
     leaves, treespec = flatten(hosts[0])
-    host_leaves = [leaves]
     host_paths = [LazyPaths(treespec, argname if per_host is None else f"{argname}[0]")]
+    if per_host is None:  # before anything that could fail on one process only
+        backend.check_agreement(
+            mesh, argname, treespec, leaves, partition, host_paths[0].__getitem__
+        )
+    spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
+    host_leaves = [leaves]
     for h, other in enumerate(hosts[1:], start=1):
         o_leaves, o_spec = flatten(other)
         if o_spec != treespec:
@@ -193,7 +200,8 @@ def _assemble(
     if full:
         _check_full_batch(paths, shapes)
     plans = [
-        _plan(mesh, specs[i], shapes[i], topology, devices, paths, i) for i in range(len(leaves))
+        _plan(backend, mesh, specs[i], shapes[i], topology, devices, paths, i)
+        for i in range(len(leaves))
     ]
 
     out = []
@@ -217,13 +225,16 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
             ``DataPartitionType``. Default: ``FULL``, dim 0 split over every mesh axis.
 
     Returns:
-        The same tree with global XLA tensors at the leaves.
+        The same tree with global tensors of the mesh's backend at the leaves (XLA tensors;
+        ``DTensor``s on a mesh of the ``"dtensor"`` backend).
 
     Raises:
         ShardingError: (a ``ValueError``) naming the leaf's path: no mesh, a spec longer than
             the rank, an unknown axis, an indivisible dimension, FULL leaves that disagree on
             the batch size. ``TypeError`` for unsupported leaf types or dtypes. Nothing is
             transferred when any leaf is bad.
+        ProcessDisagreementError: (DTensor backend, on every process) the processes passed
+            different structures, shapes or dtypes; see ``set_agreement_check``.
 
     Example (mesh ``(4, 2)``, one host): 8 rows split over all 8 devices, one row each::
 
@@ -262,6 +273,7 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
         (8, 2)
     """
     mesh = require_mesh("host_to_global_specs")
+    backend = get_backend(mesh)
     topology = current_topology(mesh)
     spec_tree, full = _resolve_partition(partition, depth=1)
     # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
@@ -278,6 +290,7 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
         axes = dim_axes(mesh, spec, len(shape), where=path)
         try:
             global_shape = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
+            backend.check_layout(mesh, axes)
         except ShardingError as e:
             raise type(e)(at(path, str(e))) from None
         out.append(TensorSpec(global_shape, dtype, NamedSharding(mesh, spec)))

@@ -33,6 +33,16 @@ class TreeStructureError(ShardingError):
     """Two trees that must match (or one be a prefix of the other) do not."""
 
 
+class NoProcessGroupError(ShardingError):
+    """A backend that runs one process per device (DTensor) was used before
+    ``torch.distributed.init_process_group``."""
+
+
+class ProcessDisagreementError(ShardingError):
+    """The processes of a run passed different tree structures, shapes or dtypes to a call
+    that must see the same ones on every process (raised on every process)."""
+
+
 def at(where: str, message: str) -> str:
     """Prefixes ``message`` with the tree path ``where`` (``"host_arrays['x']: ..."``)."""
     return f"{where}: {message}" if where else message

@@ -203,7 +203,19 @@ class Mesh:
 
     @classmethod
     def from_device_mesh(cls, device_mesh: Any) -> Mesh:
-        """The ``Mesh`` of a ``torch.distributed.DeviceMesh`` (DTensor backend)."""
+        """The ``Mesh`` of a ``torch.distributed.DeviceMesh``: arrays placed on it are DTensors.
+
+        Device ids are the DeviceMesh's ranks (one device per process), axis names its
+        ``mesh_dim_names`` (required), and ``mesh.native`` is the DeviceMesh itself. Along every
+        axis the ranks must ascend (torch 2.9's DeviceMesh collectives assume it).
+
+        Example (on each of 4 processes, after ``init_process_group("gloo")``)::
+
+            >>> dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
+            >>> mesh = Mesh.from_device_mesh(dm)
+            >>> mesh.backend, mesh.native is dm
+            ('dtensor', True)
+        """
         from torchshard._backend import dtensor
 
         return dtensor.mesh_from_device_mesh(device_mesh)

@@ -73,6 +73,7 @@ def create_device_mesh(
     axis_names: Sequence[str],
     *,
     devices: Sequence[int] | np.ndarray | None = None,
+    backend: str = "xla",
 ) -> Mesh:
     """A ``Mesh`` of ``mesh_shape`` over ``devices`` (default: every device of the run).
 
@@ -81,27 +82,46 @@ def create_device_mesh(
     group out as ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; it works on the
     CPU, including under ``torchshard.testing.virtual_hosts``.
 
+    With ``backend="dtensor"`` the devices are the ranks of torch.distributed's default
+    process group (one device per process) and the mesh carries a ``DeviceMesh`` built with
+    ``init_device_mesh`` (every rank must call this, as for any DeviceMesh).
+
     Example:
         >>> create_device_mesh((-1, 2), ("data", "model")).shape["data"]
         4
+        >>> # on each of 4 processes, after torch.distributed.init_process_group("gloo"):
+        >>> create_device_mesh((2, 2), ("data", "model"), backend="dtensor").native
+        DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('data', 'model'))
     """
-    from torchshard._topology import current_topology
+    from torchshard._topology import Topology, current_topology
 
-    topology = current_topology()
+    topology: Topology
+    if backend == "xla":
+        topology = current_topology()
+    else:
+        from torchshard._backend import backend_by_name
+
+        topology = backend_by_name(backend).topology()
     ids = (
         np.arange(topology.device_count)
         if devices is None
         else np.asarray(devices, dtype=np.int64).reshape(-1)
     )
     if isinstance(mesh_shape, HybridMeshShape):
-        return Mesh(_hybrid(mesh_shape, ids, topology.device_process), axis_names)
-    shape = infer_mesh_shape(mesh_shape, num_devices=ids.size)
-    if math.prod(shape) != ids.size:
-        raise ValueError(
-            f"mesh shape {shape} has {math.prod(shape)} devices, but {ids.size} devices were "
-            "given; a mesh must cover every device."
-        )
-    return Mesh(ids.reshape(shape), axis_names)
+        grid = _hybrid(mesh_shape, ids, topology.device_process)
+    else:
+        shape = infer_mesh_shape(mesh_shape, num_devices=ids.size)
+        if math.prod(shape) != ids.size:
+            raise ValueError(
+                f"mesh shape {shape} has {math.prod(shape)} devices, but {ids.size} devices were "
+                "given; a mesh must cover every device."
+            )
+        grid = ids.reshape(shape)
+    if backend == "dtensor":
+        from torchshard._backend import dtensor
+
+        return dtensor.create_mesh(np.asarray(grid, dtype=np.int64), axis_names)
+    return Mesh(grid, axis_names, backend=backend)
 
 
 def _hybrid(shape: HybridMeshShape, ids: np.ndarray, device_process: Sequence[int]) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -78,8 +78,29 @@ class Backend(Protocol):
 
         Returns a new tensor with ``x``'s value; ``x`` itself (its data, its annotation) is
         left as it was, whatever sharding it already carries. ``axes`` has one entry per
-        dimension of ``x`` and has been validated against ``mesh`` by the caller.
+        dimension of ``x`` and has been validated against ``mesh`` by the caller. Callers must
+        use the result (DTensor redistributes into a new tensor).
         """
+        ...
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        """Raises ``ShardingError`` (without a tree path) when this backend cannot express the
+        sharding ``axes`` on ``mesh``. Called while planning, before anything moves."""
+        ...
+
+    def check_agreement(
+        self,
+        mesh: Mesh,
+        argname: str,
+        treespec: Any,
+        leaves: Sequence[Any],
+        partition: Any,
+        where: Callable[[int], str],
+    ) -> None:
+        """Raises the same ``ProcessDisagreementError`` on every process when the processes
+        passed different structures, partitions, shapes or dtypes to ``host_to_global_array``
+        (``where(i)`` is leaf ``i``'s path). Called before validation, so that no process
+        fails alone and leaves the others waiting in a collective. May be a no-op."""
         ...
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -248,6 +248,21 @@ class XlaBackend:
         y = x.clone()
         _annotate_custom_sharding(y, _op_sharding(mesh, axes))
         return y
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        return None  # an OpSharding expresses every spec torchshard accepts
+
+    def check_agreement(
+        self,
+        mesh: Mesh,
+        argname: str,
+        treespec: Any,
+        leaves: Sequence[Any],
+        partition: Any,
+        where: Callable[[int], str],
+    ) -> None:
+        # Not checked: torch_xla has no cheap collective outside a step (see docs/design.md).
+        return None
 
 
 BACKEND = XlaBackend()

@@ -10,4 +10,5 @@ BENCHES: dict[str, str] = {
     "h2g": "torchshard._bench.h2g",
     "g2h": "torchshard._bench.g2h",
     "dispatch": "torchshard._bench.dispatch",
+    "dtensor": "torchshard._bench.dtensor",
 }

@@ -1,0 +1,476 @@
+"""Cases that run on every rank of a real multi-process run (see ``_multiproc.py``).
+
+Pure torch: this module is imported by the gloo workers (fresh interpreters, no torch_xla) and,
+for its input generators and layout oracle, by the test process. Each case is called on every
+rank at once and returns plain, picklable values (CPU tensors, strings, numbers); the test
+process asserts on them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+DTYPES = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+# -- inputs and the layout oracle (also used by the test process) ---------------------------
+
+
+def global_value(shape: tuple[int, ...], dtype: str, seed: int = 0) -> torch.Tensor:
+    """A deterministic global array of ``shape`` and ``dtype`` (every bit pattern matters)."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = DTYPES[dtype]
+    if dt == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    if dt.is_floating_point:
+        return torch.randn(shape, generator=gen).to(dt)
+    info = torch.iinfo(dt)
+    lo, hi = max(info.min, -(2**31)), min(info.max, 2**31)
+    return torch.randint(lo, hi, shape, generator=gen, dtype=torch.int64).to(dt)
+
+
+def entry_axes(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one spec entry (``None`` -> ``()``, ``"a"`` -> ``("a",)``)."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def block_slices(
+    grid: np.ndarray, axis_names: tuple[str, ...], spec: Any, shape: tuple[int, ...], rank: int
+) -> tuple[slice, ...]:
+    """The slice of the global array that ``rank`` holds: an oracle written from scratch.
+
+    ``spec=None`` means the default (FULL) partition: dim 0 over every axis. The rank's mesh
+    coordinates come from its position in ``grid``; a dim split over axes ``(a, b)`` is cut
+    into ``|a| * |b|`` equal chunks, chunk ``i_a * |b| + i_b``.
+    """
+    entries = [tuple(axis_names)] if spec is None else [entry_axes(e) for e in spec]
+    coord = dict(zip(axis_names, (int(c[0]) for c in np.nonzero(grid == rank)), strict=True))
+    size = dict(zip(axis_names, grid.shape, strict=True))
+    out = []
+    for d, n in enumerate(shape):
+        axes = entries[d] if d < len(entries) else ()
+        j, k = 0, 1
+        for a in axes:
+            j, k = j * size[a] + coord[a], k * size[a]
+        out.append(slice(j * (n // k), (j + 1) * (n // k)))
+    return tuple(out)
+
+
+def host_blocks(
+    grid: np.ndarray, axis_names: tuple[str, ...], spec: Any, g: torch.Tensor
+) -> list[torch.Tensor]:
+    """Every rank's block of ``g`` (index = rank), contiguous copies."""
+    shape = tuple(g.shape)
+    return [
+        g[block_slices(grid, axis_names, spec, shape, r)].clone() for r in range(grid.size)
+    ]
+
+
+# -- cases ----------------------------------------------------------------------------------
+
+
+def _ts() -> Any:
+    import torchshard
+
+    return torchshard
+
+
+def _mesh(grid: Any, axis_names: tuple[str, ...]) -> Any:
+    """A dtensor mesh over ``grid`` (nested lists of ranks) via ``create_device_mesh``."""
+    ts = _ts()
+    arr = np.asarray(grid, dtype=np.int64)
+    return ts.create_device_mesh(
+        arr.shape, axis_names, devices=arr.reshape(-1), backend="dtensor"
+    )
+
+
+def environment() -> dict[str, Any]:
+    """What each worker sees: its rank, the topology through torchshard, torch_xla absent."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    mesh = _mesh(np.arange(dist.get_world_size()), ("data",))
+    with mesh:
+        index, count = ts.process_index(), ts.process_count()
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "process_index": index,
+        "process_count": count,
+        "torch_xla_loaded": "torch_xla" in sys.modules,
+        "native": type(mesh.native).__name__,
+        "device_ids": mesh.device_ids,
+    }
+
+
+def roundtrip(
+    grid: Any, axis_names: tuple[str, ...], spec: Any, shape: tuple[int, ...], dtype: str
+) -> dict[str, Any]:
+    """Each rank passes its block of one global value; everything a rank can observe."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from torchshard._backend import get_backend
+
+    ts = _ts()
+    arr = np.asarray(grid, dtype=np.int64)
+    rank = dist.get_rank()
+    g = global_value(tuple(shape), dtype)
+    block = host_blocks(arr, axis_names, spec, g)[rank]
+    given = block.clone()
+    mesh = _mesh(arr, axis_names)
+    with mesh:
+        partition = {} if spec is None else {"partition": ts.P(*spec)}
+        out = ts.host_to_global_array({"x": given, "y": [given]}, **partition)
+        if given.numel():  # the global tensor owns its memory
+            given.copy_(torch.zeros_like(given) if dtype != "bool" else ~given)
+        x = out["x"]
+        (shard,) = get_backend(mesh).local_shards([x])[0]
+        specs = ts.host_to_global_specs({"x": block}, **partition)["x"]
+        back = ts.global_to_host_array(out)
+        full = ts.replicate_to_local_data(out)
+    return {
+        "is_dtensor": isinstance(x, DTensor),
+        "shape": tuple(x.shape),
+        "stride": tuple(x.stride()),
+        "dtype": str(x.dtype),
+        "placements": [str(p) for p in x.placements],
+        "spec_shape": tuple(specs.shape),
+        "local": x.to_local().clone(),
+        "shard_ranges": shard.ranges,
+        "shard_device": shard.device,
+        "block": block,
+        "back": back["x"],
+        "back_y": back["y"][0],
+        "full": full["x"],
+        "full_y": full["y"][0],
+    }
+
+
+def _catch(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 -- the message is the result
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def disagreement(kind: str) -> dict[str, Any]:
+    """Rank 1 passes a different shape, dtype or structure; then everyone passes the same."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(dist.get_world_size()), ("data",))
+    x = torch.zeros(4, 3)
+    batch: dict[str, Any] = {"x": x, "y": torch.zeros(4, dtype=torch.int64)}
+    if rank == 1:
+        if kind == "shape":
+            batch["y"] = torch.zeros(3, dtype=torch.int64)
+        elif kind == "dtype":
+            batch["y"] = torch.zeros(4, dtype=torch.int32)
+        elif kind == "structure":
+            batch["z"] = x
+        elif kind == "partition":
+            pass
+    partition = ts.P(None, "data") if (kind == "partition" and rank == 1) else ts.P("data")
+    with mesh:
+        error = _catch(lambda: ts.host_to_global_array(batch, partition=partition))
+        # The processes are still in step: the next call works everywhere.
+        after = ts.host_to_global_array({"x": x}, partition=ts.P("data"))["x"]
+        after_full = ts.replicate_to_local_data(after)
+    return {"error": error, "after_shape": tuple(after.shape), "after_full": after_full}
+
+
+def disagreement_unchecked() -> dict[str, Any]:
+    """With the check off, equal inputs still work (no collective is issued for it)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    mesh = _mesh(np.arange(dist.get_world_size()), ("data",))
+    old = ts.set_agreement_check(False)
+    try:
+        with mesh:
+            g = ts.host_to_global_array({"x": torch.ones(2, 2)}, partition=ts.P("data"))
+            shape = tuple(g["x"].shape)
+    finally:
+        ts.set_agreement_check(old)
+    return {"old": old, "shape": shape}
+
+
+def bad_layouts() -> dict[str, str]:
+    """Errors that every rank raises alike (validation is deterministic and local)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    ts = _ts()
+    world = dist.get_world_size()
+    mesh = _mesh(np.arange(world).reshape(2, world // 2), ("data", "model"))
+    x = torch.zeros(4, 3)
+    out = {}
+    with mesh:
+        out["reversed_tuple"] = _catch(
+            lambda: ts.host_to_global_array({"x": x}, partition=ts.P(("model", "data")))
+        )
+        out["reversed_tuple_specs"] = _catch(
+            lambda: ts.host_to_global_specs({"x": x}, partition=ts.P(("model", "data")))
+        )
+        out["too_long"] = _catch(
+            lambda: ts.host_to_global_array({"x": x}, partition=ts.P("data", None, "model"))
+        )
+        out["unknown_axis"] = _catch(
+            lambda: ts.host_to_global_array({"x": x}, partition=ts.P("nope"))
+        )
+    out["descending"] = _catch(lambda: _mesh(np.arange(world)[::-1], ("data",)))
+    dm = DeviceMesh("cpu", torch.tensor([[3, 1], [2, 0]]), mesh_dim_names=("data", "model"))
+    out["descending_device_mesh"] = _catch(lambda: ts.Mesh.from_device_mesh(dm))
+    nameless = init_device_mesh("cpu", (world,))
+    out["nameless"] = _catch(lambda: ts.Mesh.from_device_mesh(nameless))
+    out["not_a_device_mesh"] = _catch(lambda: ts.Mesh.from_device_mesh(np.arange(world)))
+    sub = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))["b"]
+    out["submesh"] = _catch(lambda: ts.Mesh.from_device_mesh(sub).__enter__())
+    return out
+
+
+def from_device_mesh() -> dict[str, Any]:
+    """``Mesh.from_device_mesh`` over a user's DeviceMesh: ids, names, and a round trip."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ts = _ts()
+    world = dist.get_world_size()
+    dm = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("data", "model"))
+    mesh = ts.Mesh.from_device_mesh(dm)
+    x = torch.arange(6.0).reshape(2, 3) + 10 * dist.get_rank()
+    with mesh:
+        g = ts.host_to_global_array(x, partition=ts.P(("data", "model")))
+        back = ts.global_to_host_array(g)
+    return {
+        "devices": mesh.devices.tolist(),
+        "axis_names": mesh.axis_names,
+        "backend": mesh.backend,
+        "native_is_dm": mesh.native is dm,
+        "same_device_mesh": g.device_mesh is dm,
+        "shape": tuple(g.shape),
+        "back_equal": bool(torch.equal(back, x)),
+    }
+
+
+def annotate() -> dict[str, Any]:
+    """``Backend.annotate`` redistributes (a new DTensor); what with_sharding_constraint uses."""
+    import torch.distributed as dist
+
+    from torchshard._backend import get_backend
+    from torchshard._index import dim_axes
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    backend = get_backend(mesh)
+    g = global_value((2 * world, 2 * world), "float32")
+    out: dict[str, Any] = {}
+    with mesh:
+        rep = ts.host_to_global_array(g, partition=ts.P())
+        sharded = backend.annotate(rep, mesh, dim_axes(mesh, ts.P("data"), 2))
+        out["to_shard"] = ([str(p) for p in sharded.placements], sharded.to_local().clone())
+        out["same_object_if_unchanged"] = (
+            backend.annotate(sharded, mesh, dim_axes(mesh, ts.P("data"), 2)) is sharded
+        )
+        back = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(), 2))
+        out["to_replicate"] = ([str(p) for p in back.placements], back.to_local().clone())
+        cols = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(None, "data"), 2))
+        out["to_dim1"] = ([str(p) for p in cols.placements], ts.replicate_to_local_data(cols))
+        i16 = ts.host_to_global_array(g[2 * rank : 2 * rank + 2].to(torch.int16))
+        moved = backend.annotate(i16, mesh, dim_axes(mesh, ts.P(), 2))
+        out["int16"] = (
+            [str(p) for p in moved.placements],
+            moved.to_local().clone(),
+            str(moved.dtype),
+        )
+        out["plain_tensor"] = _catch(
+            lambda: backend.annotate(torch.zeros(2, 3), mesh, dim_axes(mesh, ts.P("data"), 2))
+        )
+    return out
+
+
+def partial_readback() -> dict[str, Any]:
+    """Step outputs with Partial placements read back reduced (a collective)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    g = global_value((2 * world, 3), "float64")
+    with mesh:
+        x = ts.host_to_global_array(g[2 * rank : 2 * rank + 2].clone())
+        total = x.sum(0)  # sum over the sharded dim: Partial(sum)
+        return {
+            "placements": [str(p) for p in total.placements],
+            "back": ts.global_to_host_array(total),
+            "full": ts.replicate_to_local_data(total),
+            "expected": g.sum(0),
+        }
+
+
+def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
+    """The in-step dispatch of the dispatch issue, as its primitives on DTensors.
+
+    A physical batch (sharded on dim 0) and a dispatch key (an int64 index vector ``[L]`` or a
+    one-hot bool matrix ``[P, L]``) come from ``host_to_global_array``; the step selects the
+    logical rows (``index_select``; for a one-hot key the ``einsum("p...,pl->l...")``), then
+    constrains the result to ``P("data")`` with ``Backend.annotate``.
+    """
+    import torch.distributed as dist
+
+    from torchshard._backend import get_backend
+    from torchshard._index import dim_axes
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    backend = get_backend(mesh)
+    phys, logical = 4 * world, 2 * world
+    g = global_value((phys, 3), "float32")
+    perm = torch.randperm(phys, generator=torch.Generator().manual_seed(7))[:logical]
+    rows = slice(rank * phys // world, (rank + 1) * phys // world)
+    with mesh:
+        batch = {"x": g[rows].clone()}
+        if key == "index":
+            if index_spec == "replicated":
+                idx = ts.host_to_global_array(perm, partition=ts.P())
+            else:
+                lrows = slice(rank * logical // world, (rank + 1) * logical // world)
+                idx = ts.host_to_global_array(perm[lrows].clone(), partition=ts.P("data"))
+            x = ts.host_to_global_array(batch, partition=ts.P("data"))["x"]
+            picked = torch.index_select(x, 0, idx)
+        else:
+            onehot = torch.zeros(phys, logical, dtype=torch.bool)
+            onehot[perm, torch.arange(logical)] = True
+            both = ts.host_to_global_array(
+                {"x": g[rows].clone(), "key": onehot[rows].clone()}, partition=ts.P("data")
+            )
+            picked = torch.einsum("pf,pl->lf", both["x"], both["key"].to(torch.float32))
+        placed = backend.annotate(picked, mesh, dim_axes(mesh, ts.P("data"), 2))
+        return {
+            "picked_placements": [str(p) for p in picked.placements],
+            "placements": [str(p) for p in placed.placements],
+            "shape": tuple(placed.shape),
+            "local": placed.to_local().clone(),
+            "full": ts.replicate_to_local_data(placed),
+            "expected": g[perm],
+            "expected_local": g[perm][rank * 2 : rank * 2 + 2],
+        }
+
+
+def train_mlp(steps: int = 3, batch: int = 16) -> dict[str, Any]:
+    """Data-parallel training on DTensors: replicated parameters, a batch sharded by
+    ``host_to_global_array``; the loss is the same on every rank."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_module
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    torch.manual_seed(0)
+    model = distribute_module(make_mlp(), mesh.native)  # parameters replicated
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    with mesh:
+        for step in range(steps):
+            x, y = training_batch(step, batch)
+            rows = slice(rank * batch // world, (rank + 1) * batch // world)
+            g = ts.host_to_global_array({"x": x[rows], "y": y[rows]})
+            loss = ((model(g["x"]) - g["y"]) ** 2).mean()  # DTensor has no mse_loss rule
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(ts.replicate_to_local_data(loss)))
+        weight = ts.replicate_to_local_data(model[0].weight.detach())
+    return {"losses": losses, "weight": weight}
+
+
+def make_mlp() -> torch.nn.Module:
+    """The MLP of ``train_mlp`` (seeded by the caller)."""
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def training_batch(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of a training step (every rank can compute it; each passes its rows)."""
+    gen = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(batch, 4, generator=gen)
+    return x, x.sum(1, keepdim=True).tanh()
+
+
+def reference_training(steps: int = 3, batch: int = 16) -> dict[str, Any]:
+    """``train_mlp`` in one process on plain tensors (the oracle)."""
+    torch.manual_seed(0)
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for step in range(steps):
+        x, y = training_batch(step, batch)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().item())
+    return {"losses": losses, "weight": model[0].weight.detach().clone()}
+
+
+def loader_thread(calls: int = 20) -> dict[str, Any]:
+    """A background thread assembles batches (with the agreement check's collective) while
+    the main thread runs a step's collectives: they use different process groups, so neither
+    waits for the other's collectives nor receives their data."""
+    import threading
+
+    import torch.distributed as dist
+
+    ts = _ts()
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    shapes: list[tuple[int, ...]] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            with mesh:
+                for i in range(calls):
+                    x = torch.full((2, 3), float(rank + i))
+                    shapes.append(tuple(ts.host_to_global_array(x).shape))
+        except BaseException as e:  # noqa: BLE001 -- a thread boundary: hand it to the test
+            errors.append(e)
+
+    with mesh:
+        step = ts.host_to_global_array(torch.full((2, 3), float(rank)))
+        thread = threading.Thread(target=load, name="loader", daemon=True)
+        thread.start()
+        sums = [float(ts.replicate_to_local_data(step).sum()) for _ in range(calls)]
+        thread.join(timeout=120)
+    return {
+        "alive": thread.is_alive(),
+        "errors": [repr(e) for e in errors],
+        "shapes": shapes,
+        "sums": sums,
+    }

@@ -1,0 +1,199 @@
+"""Real multi-process runs for tests: N fresh interpreters joined by torch.distributed (gloo).
+
+``WorkerPool(n)`` starts ``n`` fresh interpreters running this file. They do not load
+``conftest.py`` (so never torch_xla): each initialises torch.distributed's default process
+group over gloo on 127.0.0.1, then runs the cases the test process sends it, one at a time and
+in lockstep with the others (a case is a function of ``tests/_dtensor_cases.py``, which all
+ranks call together). ``pool.run("case", **kwargs)`` returns one result per rank.
+
+Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``), and the test
+process gives each case ``timeout`` seconds; a worker that does not answer in time, or dies,
+brings the pool down, and the error carries the workers' stderr. Messages travel as pickles
+over the workers' stdin/stdout pipes (the workers move their own stdout to stderr first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+COLLECTIVE_TIMEOUT = 60.0  # seconds; shorter than a case's timeout, so hangs become errors
+CASES_MODULE = "_dtensor_cases"
+_STRIPPED_ENV = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS", "XLA_USE_SPMD")
+
+
+class WorkerError(RuntimeError):
+    """A case raised on some rank, or a worker died or did not answer in time."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WorkerPool:
+    """``n`` worker processes, one rank each, running cases on request."""
+
+    def __init__(self, n: int, *, timeout: float = 240.0, env: dict[str, str] | None = None):
+        self.n = n
+        self.timeout = timeout
+        self.broken = False
+        self._procs: list[subprocess.Popen] = []
+        self._logs: list[Any] = []
+        self._send: list[Connection] = []
+        self._recv: list[Connection] = []
+        port = _free_port()
+        base = {k: v for k, v in os.environ.items() if k not in _STRIPPED_ENV}
+        base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        base.update(WORLD_SIZE=str(n), **(env or {}))
+        try:
+            for rank in range(n):
+                log = tempfile.TemporaryFile()
+                proc = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=dict(base, RANK=str(rank)),
+                )
+                self._logs.append(log)
+                self._procs.append(proc)
+                self._send.append(Connection(os.dup(proc.stdin.fileno()), readable=False))
+                self._recv.append(Connection(os.dup(proc.stdout.fileno()), writable=False))
+            self._collect("start-up")
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, case: str, /, **kwargs: Any) -> list[Any]:
+        """Runs ``case(**kwargs)`` on every rank; returns the results, indexed by rank."""
+        if self.broken:
+            raise WorkerError("the worker pool is down (an earlier case failed to finish)")
+        blob = pickle.dumps((case, kwargs))
+        for conn in self._send:
+            conn.send_bytes(blob)
+        return self._collect(case)
+
+    def _collect(self, what: str) -> list[Any]:
+        deadline = time.monotonic() + self.timeout
+        results = []
+        for rank, conn in enumerate(self._recv):
+            problem = None
+            try:
+                if conn.poll(max(0.0, deadline - time.monotonic())):
+                    results.append(pickle.loads(conn.recv_bytes()))
+                else:
+                    problem = f"rank {rank} did not answer in {self.timeout} s"
+            except (EOFError, OSError) as e:
+                problem = f"rank {rank}: {e!r} (the worker died)"
+            if problem is not None:
+                self.broken = True
+                logs = self._stderr()
+                self.close()
+                raise WorkerError(f"{what}: {problem}\n{logs}")
+        failed = [(rank, value) for rank, (status, value) in enumerate(results) if status != "ok"]
+        if failed:
+            details = "\n".join(f"--- rank {rank} ---\n{tb}" for rank, tb in failed)
+            raise WorkerError(f"case {what} raised on rank(s) {[r for r, _ in failed]}:\n{details}")
+        return [value for _, value in results]
+
+    def _stderr(self, tail: int = 4000) -> str:
+        out = []
+        for rank, log in enumerate(self._logs):
+            with contextlib.suppress(OSError, ValueError):
+                log.seek(0)
+                text = log.read().decode(errors="replace")
+                out.append(f"--- rank {rank} stderr ---\n{text[-tail:]}")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        """Stops the workers (asks first, then kills); idempotent."""
+        for conn in self._send:
+            with contextlib.suppress(OSError):
+                conn.send_bytes(pickle.dumps(None))
+        deadline = time.monotonic() + 20
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for conn in self._send + self._recv:
+            conn.close()
+        for proc in self._procs:
+            for pipe in (proc.stdin, proc.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        for log in self._logs:
+            log.close()
+        self._procs, self._send, self._recv, self._logs = [], [], [], []
+
+
+class Pools:
+    """One lazily started pool per world size (restarted if a case brought it down)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, WorkerPool] = {}
+
+    def __call__(self, n: int) -> WorkerPool:
+        pool = self._pools.get(n)
+        if pool is None or pool.broken:
+            pool = self._pools[n] = WorkerPool(n)
+        return pool
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+
+def _worker_main() -> None:
+    inp = Connection(os.dup(0), writable=False)
+    out = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)  # stray prints (gloo's, the cases') must not corrupt the channel
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT),
+        )
+        cases = importlib.import_module(CASES_MODULE)
+        out.send_bytes(pickle.dumps(("ok", rank)))
+    except BaseException:  # noqa: BLE001 -- a process boundary: report, then stop
+        out.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        return
+    while True:
+        try:
+            msg = pickle.loads(inp.recv_bytes())
+        except EOFError:
+            break
+        if msg is None:
+            break
+        name, kwargs = msg
+        try:
+            result = ("ok", getattr(cases, name)(**kwargs))
+        except BaseException:  # noqa: BLE001 -- a process boundary: report, keep serving
+            result = ("error", traceback.format_exc())
+        out.send_bytes(pickle.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker_main()

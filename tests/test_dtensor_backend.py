@@ -1,0 +1,389 @@
+"""The DTensor backend on real processes: 2 and 4 gloo workers on 127.0.0.1, started here.
+
+The workers are fresh interpreters (``_multiproc.py``) running the cases of
+``_dtensor_cases.py``; this process asserts on what every rank returns, against an oracle
+written from scratch (``_dtensor_cases.block_slices``), against torchshard's own index maths
+(``NamedSharding.devices_indices_map``) and against the torch_xla backend under
+``virtual_hosts`` fed the same per-host blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import _dtensor_cases as cases
+import numpy as np
+import pytest
+import torch
+from _multiproc import Pools
+
+import torchshard as ts
+from torchshard.testing import host_to_global_array_per_host, virtual_hosts
+
+G22 = [[0, 1], [2, 3]]
+DM = ("data", "model")
+
+# (world, grid of ranks, axis names, spec entries (None: default FULL partition), shape, dtype)
+ACCEPTANCE = [
+    (2, [0, 1], ("data",), ["data"], (8, 3), "float32"),
+    (2, [0, 1], ("data",), None, (8, 3), "float32"),
+    (2, [0, 1], ("data",), [], (4, 3), "float32"),
+    (2, [0, 1], ("data",), [None, "data"], (4, 8), "float32"),
+    (2, [0, 1], ("data",), [], (), "float32"),
+    (4, [0, 1, 2, 3], ("data",), ["data"], (8, 3), "float32"),
+    (4, [0, 1, 2, 3], ("data",), None, (8, 3), "int64"),
+    (4, G22, DM, ["data"], (4, 3), "float32"),
+    (4, G22, DM, ["data", "model"], (4, 8), "float32"),
+    (4, G22, DM, [("data", "model")], (8, 3), "float32"),
+    (4, G22, DM, None, (8, 3), "float32"),
+    (4, G22, DM, [None, ("data", "model")], (2, 8), "float32"),
+    (4, G22, DM, ["model"], (4, 3), "float32"),
+    (4, G22, DM, ["model", "data"], (4, 8), "float32"),
+    (4, G22, DM, [], (3, 2), "float32"),
+    (4, G22, DM, [], (), "int32"),
+    (4, [[0, 2], [1, 3]], DM, ["data", "model"], (4, 8), "float32"),
+    (4, [[0, 2], [1, 3]], DM, [("data", "model")], (8, 3), "float32"),
+    (4, [[0, 2], [1, 3]], DM, None, (8, 3), "float32"),
+]
+ACCEPTANCE += [(2, [0, 1], ("data",), ["data"], (8, 3), dt) for dt in cases.DTYPES]
+ACCEPTANCE += [(4, G22, DM, ["data", "model"], (4, 8), dt) for dt in ("bfloat16", "bool", "int16")]
+
+
+def _case_id(case: tuple) -> str:
+    world, grid, _names, spec, shape, dtype = case
+    spec_s = "FULL" if spec is None else "P(" + ",".join(map(str, spec)) + ")"
+    return f"{world}p-{np.asarray(grid).tolist()}-{spec_s}-{list(shape)}-{dtype}".replace(" ", "")
+
+
+@pytest.fixture(scope="module")
+def pools():
+    """Worker pools of 2 and 4 processes, started on first use, stopped after the module."""
+    p = Pools()
+    yield p
+    p.close()
+
+
+_ROUNDTRIPS: dict[str, list] = {}
+
+
+def _roundtrip(pools, case: tuple) -> list:
+    key = _case_id(case)
+    if key not in _ROUNDTRIPS:
+        world, grid, names, spec, shape, dtype = case
+        _ROUNDTRIPS[key] = pools(world).run(
+            "roundtrip", grid=grid, axis_names=names, spec=spec, shape=shape, dtype=dtype
+        )
+    return _ROUNDTRIPS[key]
+
+
+def _spec(names: tuple[str, ...], spec: list | None) -> ts.PartitionSpec:
+    return ts.P(names) if spec is None else ts.P(*spec)
+
+
+def _expected_placements(names: tuple[str, ...], spec: list | None) -> list[str]:
+    entries = [names] if spec is None else spec
+    dim_of = {a: d for d, e in enumerate(entries) for a in cases.entry_axes(e)}
+    return [f"S({dim_of[a]})" if a in dim_of else "R" for a in names]
+
+
+@pytest.mark.parametrize("case", ACCEPTANCE, ids=_case_id)
+def test_every_rank_sees_the_global_shape_and_its_shard(pools, case):
+    world, grid, names, spec, shape, dtype = case
+    results = _roundtrip(pools, case)
+    g = cases.global_value(shape, dtype)
+    arr = np.asarray(grid)
+    index_map = ts.NamedSharding(ts.Mesh(arr, names), _spec(names, spec)).devices_indices_map(
+        shape
+    )
+    assert len(results) == world
+    for rank, r in enumerate(results):
+        slices = cases.block_slices(arr, names, spec, shape, rank)
+        assert r["is_dtensor"]
+        assert r["shape"] == shape
+        assert r["spec_shape"] == shape
+        assert r["stride"] == torch.empty(shape).stride()
+        assert r["dtype"] == str(cases.DTYPES[dtype])
+        assert r["placements"] == _expected_placements(names, spec)
+        assert r["shard_device"] == rank
+        assert r["shard_ranges"] == tuple((s.start, s.stop) for s in slices)
+        assert r["shard_ranges"] == tuple((s.start, s.stop) for s in index_map[rank])
+        assert torch.equal(r["local"], g[slices])
+
+
+@pytest.mark.parametrize("case", ACCEPTANCE, ids=_case_id)
+def test_round_trip_is_bit_exact(pools, case):
+    _, _, _, _, shape, dtype = case
+    g = cases.global_value(shape, dtype)
+    for r in _roundtrip(pools, case):
+        assert torch.equal(r["back"], r["block"])
+        assert torch.equal(r["back_y"], r["block"])
+        assert r["back"].dtype == r["block"].dtype
+        assert torch.equal(r["full"], g)
+        assert torch.equal(r["full_y"], g)
+
+
+@pytest.mark.parametrize("case", ACCEPTANCE, ids=_case_id)
+def test_same_global_values_as_xla_virtual_hosts(pools, case):
+    """The XLA backend, with ``world`` virtual hosts each owning ``8 / world`` devices laid out
+    along the last mesh axis (so each host holds the block its rank holds), gives the same
+    global value for the same per-host blocks."""
+    world, grid, names, spec, shape, dtype = case
+    arr = np.asarray(grid)
+    k = 8 // world
+    xla_grid = (arr[..., None] * k + np.arange(k)).reshape((*arr.shape[:-1], -1))
+    g = cases.global_value(shape, dtype)
+    per_host = [{"x": b} for b in cases.host_blocks(arr, names, spec, g)]
+    partition = {} if spec is None else {"partition": ts.P(*spec)}
+    with virtual_hosts(world), ts.Mesh(xla_grid, names):
+        gx = host_to_global_array_per_host(per_host, **partition)
+        xla_full = ts.replicate_to_local_data(gx)["x"]
+    for r in _roundtrip(pools, case):
+        assert tuple(gx["x"].shape) == r["shape"]
+        assert torch.equal(xla_full, r["full"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_workers_are_pure_torch_and_see_their_rank(pools, world):
+    for rank, r in enumerate(pools(world).run("environment")):
+        assert r == {
+            "rank": rank,
+            "world": world,
+            "process_index": rank,
+            "process_count": world,
+            "torch_xla_loaded": False,
+            "native": "DeviceMesh",
+            "device_ids": tuple(range(world)),
+        }
+
+
+_SHAPE_MSG = (
+    "ProcessDisagreementError: host_arrays['y']: every process must pass the same shape and "
+    "dtype for a leaf (the global shape is inferred from them); expected {exp} (as on process "
+    "0), got {got} on process(es) [1]. Make every process's input yield the same shapes and "
+    "dtypes (pad or drop a short last batch, or use torchshard.InputDispatcher)."
+)
+_STRUCT_MSG = (
+    "ProcessDisagreementError: host_arrays: every process must pass the same tree structure "
+    "and partition; expected structure PyTreeSpec({{'x': *, 'y': *}}), partition {exp} (as on "
+    "process 0), got structure PyTreeSpec({got}), partition {part} on process(es) [1]."
+)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("shape", _SHAPE_MSG.format(exp="(4,) int64", got="(3,) int64")),
+        ("dtype", _SHAPE_MSG.format(exp="(4,) int64", got="(4,) int32")),
+        (
+            "structure",
+            _STRUCT_MSG.format(
+                exp="P('data',)", got="{'x': *, 'y': *, 'z': *}", part="P('data',)"
+            ),
+        ),
+        (
+            "partition",
+            _STRUCT_MSG.format(exp="P('data',)", got="{'x': *, 'y': *}", part="P(None, 'data')"),
+        ),
+    ],
+)
+def test_ranks_that_disagree_all_get_the_same_clear_error(pools, world, kind, message):
+    results = pools(world).run("disagreement", kind=kind)
+    for r in results:
+        assert r["error"] == message
+        # No rank was left behind in a collective: the next call works on every rank.
+        assert r["after_shape"] == (4 * world, 3)
+        assert torch.equal(r["after_full"], torch.zeros(4 * world, 3))
+
+
+def test_agreement_check_can_be_turned_off(pools):
+    for r in pools(2).run("disagreement_unchecked"):
+        assert r == {"old": True, "shape": (4, 2)}
+
+
+def test_bad_layouts_raise_the_same_error_on_every_rank(pools):
+    results = pools(4).run("bad_layouts")
+    expected = {
+        "reversed_tuple": (
+            "ShardingError: host_arrays['x']: dim 0 is split over the mesh axes ('model', "
+            "'data') (major to minor), but DTensor splits a dimension over several mesh axes "
+            "in mesh order (('data', 'model') on mesh {'data': 2, 'model': 2}); its only other "
+            "order, the private _StridedShard, is lost by elementwise ops and redistribute in "
+            "torch 2.9. Write the tuple in mesh order, ('data', 'model'), or build the mesh "
+            "with its axes in the order ('model', 'data')."
+        ),
+        "too_long": (
+            "ShardingError: host_arrays['x']: partition spec P('data', None, 'model') has 3 "
+            "entries but the array has rank 2; a spec may not be longer than the rank of the "
+            "array it shards."
+        ),
+        "descending": (
+            "ShardingError: Mesh({'data': 4}, devices=[3, 2, 1, 0]): along mesh axis 'data' the "
+            "ranks [3, 2, 1, 0] do not ascend. torch 2.9's DeviceMesh runs an axis's "
+            "collectives in ascending rank order while DTensor places shards by mesh position, "
+            "so full_tensor and redistribute would misplace blocks. Order the ranks ascending "
+            "along every axis (a transposed grid such as [[0, 2], [1, 3]] is fine)."
+        ),
+        "descending_device_mesh": (
+            "ShardingError: Mesh({'data': 2, 'model': 2}, devices=[3, 1, 2, 0]): along mesh "
+            "axis 'data' the ranks [3, 2] do not ascend. torch 2.9's DeviceMesh runs an axis's "
+            "collectives in ascending rank order while DTensor places shards by mesh position, "
+            "so full_tensor and redistribute would misplace blocks. Order the ranks ascending "
+            "along every axis (a transposed grid such as [[0, 2], [1, 3]] is fine)."
+        ),
+        "unknown_axis": (
+            "ShardingError: host_arrays['x']: partition spec P('nope',) names mesh axis 'nope', "
+            "which is not an axis of the mesh; expected one of ('data', 'model')."
+        ),
+        "nameless": (
+            "ShardingError: Mesh.from_device_mesh: the DeviceMesh has no mesh_dim_names; "
+            "torchshard specs name mesh axes, so build it with init_device_mesh(device_type, "
+            "shape, mesh_dim_names=(...))."
+        ),
+        "not_a_device_mesh": (
+            "TypeError: Mesh.from_device_mesh: expected a "
+            "torch.distributed.device_mesh.DeviceMesh, but got ndarray."
+        ),
+    }
+    for rank, r in enumerate(results):
+        for key, message in expected.items():
+            assert r[key] == message, key
+        assert r["reversed_tuple_specs"] == r["reversed_tuple"].replace(
+            "host_arrays", "host_specs"
+        )
+        sub = "Mesh({'b': 2})" if rank < 2 else "Mesh({'b': 2}, devices=[2, 3])"
+        ids = [0, 1] if rank < 2 else [2, 3]
+        assert r["submesh"] == (
+            f"ShardingError: mesh {sub} covers devices {ids}, but the runtime has 4 devices "
+            "(ids 0..3); a mesh must cover every device exactly once."
+        )
+
+
+def test_mesh_from_device_mesh(pools):
+    for rank, r in enumerate(pools(4).run("from_device_mesh")):
+        assert r == {
+            "devices": [[0, 1], [2, 3]],
+            "axis_names": ("data", "model"),
+            "backend": "dtensor",
+            "native_is_dm": True,
+            "same_device_mesh": True,
+            "shape": (8, 3),
+            "back_equal": True,
+        }, rank
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_annotate_redistributes(pools, world):
+    g = cases.global_value((2 * world, 2 * world), "float32")
+    for rank, r in enumerate(pools(world).run("annotate")):
+        placements, local = r["to_shard"]
+        assert placements == ["S(0)"]
+        assert torch.equal(local, g[2 * rank : 2 * rank + 2])
+        assert r["same_object_if_unchanged"]
+        placements, local = r["to_replicate"]
+        assert placements == ["R"]
+        assert torch.equal(local, g)
+        placements, full = r["to_dim1"]
+        assert placements == ["S(1)"]
+        assert torch.equal(full, g)
+        placements, local, dtype = r["int16"]
+        assert (placements, dtype) == (["R"], "torch.int16")
+        assert torch.equal(local, g.to(torch.int16))
+        assert r["plain_tensor"] == (
+            "TypeError: the dtensor backend constrains DTensors, but got Tensor; make global "
+            "tensors with host_to_global_array (or DTensor.from_local) on "
+            "Mesh({'data': " + str(world) + "})."
+        )
+
+
+def test_partial_outputs_read_back_reduced(pools):
+    for r in pools(2).run("partial_readback"):
+        assert r["placements"] == ["P"]
+        assert torch.allclose(r["back"], r["expected"])
+        assert torch.equal(r["back"], r["full"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize(
+    ("key", "index_spec", "picked"),
+    [("index", "replicated", ["R"]), ("index", "sharded", ["S(0)"]), ("onehot", "", ["P"])],
+)
+def test_dispatch_primitives_on_dtensors(pools, world, key, index_spec, picked):
+    """index_select of a physical batch to a logical one (or the one-hot einsum), then a
+    constraint to P("data"): exactly the logical rows, sharded on dim 0."""
+    for r in pools(world).run("dispatch_primitives", index_spec=index_spec, key=key):
+        assert r["picked_placements"] == picked
+        assert r["placements"] == ["S(0)"]
+        assert r["shape"] == (2 * world, 3)
+        assert torch.equal(r["full"], r["expected"])
+        assert torch.equal(r["local"], r["expected_local"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_data_parallel_training_gives_the_same_loss_on_every_rank(pools, world):
+    results = pools(world).run("train_mlp", steps=3, batch=16)
+    reference = cases.reference_training(steps=3, batch=16)
+    first = results[0]
+    for r in results[1:]:
+        assert r["losses"] == first["losses"]
+        assert torch.equal(r["weight"], first["weight"])
+    np.testing.assert_allclose(first["losses"], reference["losses"], rtol=1e-5)
+    torch.testing.assert_close(first["weight"], reference["weight"], rtol=1e-5, atol=1e-6)
+    assert first["losses"][-1] < first["losses"][0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_loader_thread_can_assemble_while_the_step_communicates(pools, world):
+    expected_sum = float(sum(6 * r for r in range(world)))
+    for r in pools(world).run("loader_thread", calls=20):
+        assert r["errors"] == []
+        assert not r["alive"]
+        assert r["shapes"] == [(2 * world, 3)] * 20
+        assert r["sums"] == [expected_sum] * 20
+
+
+# -- in this process: no process group -----------------------------------------------------
+
+_NO_PG = (
+    "a mesh of the dtensor backend needs torch.distributed, but its default process group is "
+    "not initialised. Call torch.distributed.init_process_group('gloo') (or 'nccl') on every "
+    "process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), or use a "
+    "mesh of the xla backend."
+)
+
+
+def test_no_process_group_is_a_clear_error():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    mesh = ts.Mesh(np.arange(2), ("data",), backend="dtensor")
+    with pytest.raises(ts.NoProcessGroupError, match=re.escape(_NO_PG)):
+        mesh.__enter__()
+    assert ts.current_mesh() is None
+    with pytest.raises(ts.NoProcessGroupError, match=re.escape(_NO_PG)):
+        ts.create_device_mesh((2,), ("data",), backend="dtensor")
+    assert isinstance(ts.NoProcessGroupError(""), ValueError)
+
+
+def test_set_agreement_check_returns_the_old_setting():
+    assert ts.set_agreement_check(False) is True
+    assert ts.set_agreement_check(True) is False
+
+
+def test_agreement_env_var_is_read_at_import():
+    code = "from torchshard._agreement import agreement_check_enabled as f; print(f())"
+    env = dict(os.environ, TORCHSHARD_AGREEMENT_CHECK="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_xla_backend_accepts_what_dtensor_refuses(mesh42):
+    """The boundary's new hooks are no-ops on torch_xla: any tuple order places fine."""
+    x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
+    g = ts.host_to_global_array({"x": x}, partition=ts.P(("model", "data")))
+    assert torch.equal(ts.global_to_host_array(g)["x"], torch.from_numpy(x))

@@ -1,0 +1,368 @@
+"""The torch.distributed DTensor backend: one process per device; global tensors are DTensors.
+
+Device ids are ranks: device ``r`` belongs to rank ``r`` (one device per process), so a
+process's block of a leaf is exactly its device's shard. ``make_global`` wraps a copy of that
+block with ``DTensor.from_local`` and an explicit global ``shape`` and contiguous ``stride``;
+no collective runs. Placements come from the spec: ``Shard(d)`` on every mesh axis that splits
+dim ``d``, ``Replicate()`` on the others. Reading back uses ``to_local()`` with DTensor's own
+offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``.
+
+This module is imported only when a mesh names the ``"dtensor"`` backend. The private torch
+functions it calls are each wrapped in one small function, with the version they were checked
+on (torch 2.9.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+
+from torchshard._agreement import agreement_check_enabled, describe, digest, disagreement
+from torchshard._backend import LocalShard
+from torchshard._errors import NoProcessGroupError, ShardingError
+from torchshard._index import DimAxes, check_device_process
+from torchshard._mesh import Mesh
+from torchshard._topology import Topology
+
+# gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
+# move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
+_BYTE_VIEWS = {torch.int16: torch.float16}
+
+
+def require_process_group() -> None:
+    """Raises ``NoProcessGroupError`` unless torch.distributed's default group exists."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise NoProcessGroupError(
+            "a mesh of the dtensor backend needs torch.distributed, but its default process "
+            "group is not initialised. Call torch.distributed.init_process_group('gloo') (or "
+            "'nccl') on every process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and "
+            "MASTER_PORT), or use a mesh of the xla backend."
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _topology(rank: int, world: int) -> Topology:
+    return Topology(rank, world, tuple(range(world)))
+
+
+@functools.lru_cache(maxsize=256)
+def _check_covers_world(mesh: Mesh, world: int) -> None:
+    check_device_process(mesh, tuple(range(world)))
+
+
+@functools.lru_cache(maxsize=256)
+def _check_rank_order(mesh: Mesh) -> None:
+    """Along every mesh axis the ranks must ascend.
+
+    torch 2.9.0's DeviceMesh runs an axis's collectives on a process group whose ranks are
+    sorted (``new_group`` sorts them; a 1-D mesh over the world reuses the default group),
+    while DTensor places shards by mesh position: on a mesh such as ``[1, 0]``,
+    ``full_tensor`` and ``redistribute`` put the blocks in the wrong places (measured).
+    """
+    grid = mesh.devices
+    for k, name in enumerate(mesh.axis_names):
+        for row in np.moveaxis(grid, k, -1).reshape(-1, grid.shape[k]):
+            if (np.diff(row) < 0).any():
+                raise ShardingError(
+                    f"{mesh!r}: along mesh axis {name!r} the ranks {row.tolist()} do not "
+                    "ascend. torch 2.9's DeviceMesh runs an axis's collectives in ascending "
+                    "rank order while DTensor places shards by mesh position, so full_tensor "
+                    "and redistribute would misplace blocks. Order the ranks ascending along "
+                    "every axis (a transposed grid such as [[0, 2], [1, 3]] is fine)."
+                )
+
+
+def _device_type() -> str:
+    return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+
+
+class _Groups:
+    """Per default process group: the DeviceMeshes built for meshes without one, and the
+    gloo group of the agreement check (its own group, so that a loader thread's check never
+    interleaves with a step's collectives on the default group)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.world: Any = None
+        self.meshes: dict[Mesh, DeviceMesh] = {}
+        self.agreement: Any = None
+
+    def _current(self) -> None:
+        world = dist.group.WORLD
+        if self.world is not world:
+            self.world, self.meshes, self.agreement = world, {}, None
+
+    def device_mesh(self, mesh: Mesh) -> DeviceMesh:
+        with self.lock:
+            self._current()
+            dm = self.meshes.get(mesh)
+            if dm is None:
+                ids = torch.as_tensor(np.asarray(mesh.devices))
+                dm = DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names)
+                self.meshes[mesh] = dm
+            return dm
+
+    def agreement_group(self) -> Any:
+        with self.lock:
+            self._current()
+            if self.agreement is None:
+                self.agreement = dist.new_group(backend="gloo")
+            return self.agreement
+
+
+_GROUPS = _Groups()
+
+
+_LAST: list[Any] = [None]  # (mesh, default group, DeviceMesh) of the last lookup
+
+
+def device_mesh(mesh: Mesh) -> DeviceMesh:
+    """The ``DeviceMesh`` of ``mesh``: the one it was made from, else one built (and cached)
+    over its device ids. Building one is collective: every rank must enter the mesh."""
+    world = dist.GroupMember.WORLD
+    last = _LAST[0]
+    if last is not None and last[0] is mesh and last[1] is world:  # once per leaf: keep it cheap
+        return last[2]
+    require_process_group()
+    _check_covers_world(mesh, dist.get_world_size())
+    _check_rank_order(mesh)
+    native = mesh.native
+    dm = native if isinstance(native, DeviceMesh) else _GROUPS.device_mesh(mesh)
+    _LAST[0] = (mesh, world, dm)
+    return dm
+
+
+def mesh_from_device_mesh(device_mesh: Any) -> Mesh:
+    """The ``Mesh`` of a ``DeviceMesh``: device ids are its ranks, axis names its dim names."""
+    if not isinstance(device_mesh, DeviceMesh):
+        raise TypeError(
+            "Mesh.from_device_mesh: expected a torch.distributed.device_mesh.DeviceMesh, but "
+            f"got {type(device_mesh).__name__}."
+        )
+    names = device_mesh.mesh_dim_names
+    if names is None:
+        raise ShardingError(
+            "Mesh.from_device_mesh: the DeviceMesh has no mesh_dim_names; torchshard specs name "
+            "mesh axes, so build it with init_device_mesh(device_type, shape, "
+            "mesh_dim_names=(...))."
+        )
+    ids = device_mesh.mesh.detach().cpu().numpy()
+    mesh = Mesh(ids, tuple(names), backend="dtensor", native=device_mesh)
+    _check_rank_order(mesh)
+    return mesh
+
+
+def create_mesh(grid: np.ndarray, axis_names: Sequence[str]) -> Mesh:
+    """A dtensor ``Mesh`` over the rank grid ``grid``, with its ``DeviceMesh`` (collective)."""
+    require_process_group()
+    names = tuple(axis_names)
+    _check_rank_order(Mesh(grid, names, backend="dtensor"))  # validates before any collective
+    if np.array_equal(grid.reshape(-1), np.arange(grid.size)):
+        dm = init_device_mesh(_device_type(), tuple(grid.shape), mesh_dim_names=names)
+    else:
+        dm = DeviceMesh(_device_type(), torch.as_tensor(grid), mesh_dim_names=names)
+    return mesh_from_device_mesh(dm)
+
+
+@functools.lru_cache(maxsize=4096)
+def placements(mesh: Mesh, axes: DimAxes) -> tuple[Placement, ...]:
+    """One placement per mesh axis: ``Shard(d)`` when the axis splits dim ``d``, else
+    ``Replicate()``. Refuses a tuple of axes that is not in mesh order (see below)."""
+    dim_of: dict[str, int] = {}
+    for d, dim in enumerate(axes):
+        # DTensor splits a dim over several mesh axes in mesh order (earlier mesh axis major),
+        # which is torchshard's order when the tuple lists them in mesh order. Axes of size 1
+        # do not change the order of the shards.
+        split = [a for a in dim if mesh.shape[a] > 1]
+        ordered = sorted(split, key=mesh.axis_names.index)
+        if split != ordered:
+            raise ShardingError(
+                f"dim {d} is split over the mesh axes {dim!r} (major to minor), but DTensor "
+                f"splits a dimension over several mesh axes in mesh order ({tuple(ordered)!r} "
+                f"on mesh {dict(mesh.shape)}); its only other order, the private _StridedShard, "
+                "is lost by elementwise ops and redistribute in torch 2.9. Write the tuple in "
+                f"mesh order, {tuple(ordered)!r}, or build the mesh with its axes in the order "
+                f"{tuple(split)!r}."
+            )
+        for a in dim:
+            dim_of[a] = d
+    return tuple(Shard(dim_of[a]) if a in dim_of else Replicate() for a in mesh.axis_names)
+
+
+def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+def _local_offset(x: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    # torch 2.9.0: `compute_local_shape_and_global_offset` (a private module, used by
+    # distributed checkpointing) gives this rank's local shape and global offset, and knows
+    # DTensor's sequential splitting of uneven and _StridedShard layouts.
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    return compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+
+
+def _is_strided(p: Placement) -> bool:
+    # torch 2.9.0: `_StridedShard` (private) compares equal to `Shard` of the same dim.
+    return type(p) is not Shard and isinstance(p, Shard)
+
+
+def _without_partial(x: DTensor) -> DTensor:
+    """``x`` with its Partial placements reduced (a collective), others unchanged."""
+    if not any(p.is_partial() for p in x.placements):
+        return x
+    target = [Replicate() if p.is_partial() else p for p in x.placements]
+    return x.redistribute(x.device_mesh, target)
+
+
+def _redistribute(x: DTensor, dm: DeviceMesh, target: Sequence[Placement]) -> DTensor:
+    if any(_is_strided(p) for p in x.placements):
+        # torch 2.9.0 redistributes _StridedShard to Shard wrongly; through Replicate is right.
+        x = x.redistribute(dm, [Replicate()] * dm.ndim)
+    view = _BYTE_VIEWS.get(x.dtype)
+    if view is None or any(p.is_partial() for p in x.placements):
+        return x.redistribute(dm, target)
+    moved = _reinterpret(x, view).redistribute(dm, target)
+    return _reinterpret(moved, x.dtype)
+
+
+def _reinterpret(x: DTensor, dtype: torch.dtype) -> DTensor:
+    local = x.to_local().view(dtype)
+    return DTensor.from_local(
+        local, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride()
+    )
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+class DTensorBackend:
+    """torch.distributed DTensor (one process per device, device id = rank)."""
+
+    name = "dtensor"
+
+    def topology(self) -> Topology:
+        require_process_group()
+        return _topology(dist.get_rank(), dist.get_world_size())
+
+    def local_devices(self, mesh: Mesh) -> Sequence[int]:
+        require_process_group()
+        return (dist.get_rank(),)
+
+    def activate(self, mesh: Mesh) -> None:
+        device_mesh(mesh)
+        if dist.get_world_size() > 1:  # made here (collective), even if the check is off now
+            _GROUPS.agreement_group()
+
+    def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
+        return None  # DTensors carry their DeviceMesh; there is no global mesh to restore
+
+    def is_global(self, x: Any) -> bool:
+        return isinstance(x, DTensor)
+
+    def make_global(
+        self,
+        mesh: Mesh,
+        axes: DimAxes,
+        global_shape: tuple[int, ...],
+        shards: Sequence[torch.Tensor],
+    ) -> torch.Tensor:
+        if len(shards) != 1:
+            raise RuntimeError(
+                f"the dtensor backend takes one shard per process, but got {len(shards)}."
+            )
+        dm = device_mesh(mesh)
+        local = shards[0]
+        if dm.device_type == "cpu":  # own the memory, as a device copy would
+            local = local.clone(memory_format=torch.contiguous_format)
+        return DTensor.from_local(
+            local,
+            dm,
+            placements(mesh, axes),
+            run_check=False,
+            shape=torch.Size(global_shape),
+            stride=_contiguous_stride(global_shape),
+        )
+
+    def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
+        if not tensors:
+            return []
+        rank = dist.get_rank()
+        out = []
+        for x in tensors:
+            x = _without_partial(x)
+            shape, offset = _local_offset(x)
+            ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
+            out.append([LocalShard(rank, ranges, _host_copy(x.to_local()))])
+        return out
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        x = _without_partial(x)
+        if all(p.is_replicate() for p in x.placements):
+            return _host_copy(x.to_local())
+        view = _BYTE_VIEWS.get(x.dtype)
+        if view is not None:
+            return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
+        return x.full_tensor().detach().cpu()
+
+    def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
+        if not isinstance(x, DTensor):
+            raise TypeError(
+                f"the dtensor backend constrains DTensors, but got {type(x).__name__}; make "
+                "global tensors with host_to_global_array (or DTensor.from_local) on "
+                f"{mesh!r}."
+            )
+        target = placements(mesh, axes)
+        if not np.array_equal(x.device_mesh.mesh.cpu().numpy(), mesh.devices):
+            raise ShardingError(
+                f"the DTensor lives on {x.device_mesh}, whose ranks are not those of the "
+                f"current mesh {mesh!r}; constrain it inside `with` its own mesh."
+            )
+        current = tuple(x.placements)
+        if all(type(a) is type(b) and a == b for a, b in zip(current, target, strict=True)):
+            return x
+        return _redistribute(x, x.device_mesh, target)
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        placements(mesh, axes)
+
+    def check_agreement(
+        self,
+        mesh: Mesh,
+        argname: str,
+        treespec: Any,
+        leaves: Sequence[Any],
+        partition: Any,
+        where: Callable[[int], str],
+    ) -> None:
+        if not agreement_check_enabled():
+            return
+        world = dist.get_world_size()
+        if world == 1:
+            return
+        group = _GROUPS.agreement_group()
+        items = describe(treespec, leaves, partition)
+        mine = torch.tensor([digest(items)], dtype=torch.int64)
+        hashes = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(hashes, mine, group=group)
+        if all(bool(h == hashes[0]) for h in hashes):
+            return
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, items, group=group)
+        raise disagreement(argname, every, where)
+
+
+BACKEND = DTensorBackend()
