@@ -30,9 +30,13 @@ from torchshard._spec import PartitionSpec as PartitionSpec
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
+from torchshard.data._collate import sharded_collate as sharded_collate
+from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
+from torchshard.data._sampler import host_sampler as host_sampler
 
 __all__ = [
     "DataPartitionType",
+    "GlobalBatchLoader",
     "HybridMeshShape",
     "IndivisibleError",
     "Mesh",
@@ -50,6 +54,7 @@ __all__ = [
     "current_mesh",
     "data_partition_type_to_spec",
     "global_to_host_array",
+    "host_sampler",
     "host_to_global_array",
     "host_to_global_device_array",
     "host_to_global_specs",
@@ -58,5 +63,6 @@ __all__ = [
     "process_count",
     "process_index",
     "replicate_to_local_data",
+    "sharded_collate",
 ]
 assert sorted(__all__) == __all__
