@@ -9,4 +9,6 @@ from __future__ import annotations
 BENCHES: dict[str, str] = {
     "h2g": "torchshard._bench.h2g",
     "g2h": "torchshard._bench.g2h",
+    "loader": "torchshard._bench.loader",
+    "soak": "torchshard._bench.soak",
 }
