@@ -555,3 +555,13 @@ def test_load_state_checks_its_keys(mesh42):
     )
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         loader.load_state_dict({"sources": []})
+
+
+def test_public_names():
+    for name in ts.data.__all__:
+        assert getattr(ts.data, name) is not None
+    assert ts.GlobalBatchLoader is ts.data.GlobalBatchLoader
+    assert ts.host_sampler is ts.data.host_sampler
+    assert ts.sharded_collate is ts.data.sharded_collate
+    assert sorted(ts.__all__) == ts.__all__
+    assert all(hasattr(ts, name) for name in ts.__all__)
