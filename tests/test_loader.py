@@ -281,6 +281,19 @@ def test_indivisible_batch_names_the_dispatcher_setting(mesh42):
     assert str(info.value) == msg
 
 
+def test_indivisible_feature_dim_keeps_the_original_message(mesh42):
+    source = [{"x": np.ones((8, 3), np.float32)}]
+    it = iter(ts.GlobalBatchLoader(source, partition=ts.P(None, "model")))
+    with pytest.raises(ts.IndivisibleError) as info:
+        next(it)
+    assert str(info.value) == (
+        "GlobalBatchLoader: batch 0: host_arrays['x']: dim 1 has size 3, not divisible by 2 "
+        "(axes ('model',) of P(None, 'model') on mesh {'data': 4, 'model': 2}); global shape "
+        "(8, 3). Pad the batch to a multiple, or use torchshard.InputDispatcher to pad and drop "
+        "the padding in the step."
+    )
+
+
 def test_indivisible_physical_batch_names_the_physical_size(mesh42):
     source = [{"x": np.ones((6, 2), np.float32)}]
     it = iter(ts.GlobalBatchLoader(source, dispatcher=FakeDispatcher(ts.P("data"))))

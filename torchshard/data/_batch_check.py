@@ -94,6 +94,15 @@ def indivisible_error(
     """``error`` with the batch number and, when dim 0 (the batch) does not divide, the
     dispatcher setting that fixes it. Must run under ``mesh``."""
     prefix = f"GlobalBatchLoader: batch {batch}: {error}"
+    try:
+        fix = _batch_fix(mesh, spec_tree, host_batch, dispatcher)
+    except ShardingError:  # a layout the hint cannot describe: the original error says enough
+        fix = None
+    return IndivisibleError(prefix if fix is None else f"{prefix}\n{fix}")
+
+
+def _batch_fix(mesh: Mesh, spec_tree: Any, host_batch: Any, dispatcher: bool) -> str | None:
+    """How to make dim 0 divide, for the first leaf whose dim 0 does not; else None."""
     leaves, treespec = flatten(host_batch)
     for leaf, spec, path in zip(
         leaves, _leaf_specs(mesh, spec_tree, host_batch), paths(treespec, "batch"), strict=True
@@ -112,22 +121,20 @@ def indivisible_error(
         physical = -(-rows // step) * step
         hosts = f"{sig[0][0]} per host x {feeds} host{'s' if feeds > 1 else ''}"
         if dispatcher:
-            fix = (
+            return (
                 f"The dispatcher's physical batch has {rows} rows ({hosts}) at {path}, which do "
                 f"not split over the {shards} shards of dim 0: set the dispatcher's "
                 f"global_physical_batch_size to a multiple of {step} (e.g. {physical})."
             )
-        else:
-            fix = (
-                f"The global batch has {rows} rows ({hosts}) at {path}, which do not split over "
-                f"the {shards} shards of dim 0. Fix: pad every host's batch with "
-                f"dispatcher=torchshard.InputDispatcher({rows}, global_physical_batch_size="
-                f"{physical}) and drop the padding in the step with "
-                "dispatcher.physical_to_logical_batch(batch); or make the per-host batch size a "
-                f"multiple of {step // feeds}."
-            )
-        return IndivisibleError(f"{prefix}\n{fix}")
-    return IndivisibleError(prefix)
+        return (
+            f"The global batch has {rows} rows ({hosts}) at {path}, which do not split over "
+            f"the {shards} shards of dim 0. Fix: pad every host's batch with "
+            f"dispatcher=torchshard.InputDispatcher({rows}, global_physical_batch_size="
+            f"{physical}) and drop the padding in the step with "
+            "dispatcher.physical_to_logical_batch(batch); or make the per-host batch size a "
+            f"multiple of {step // feeds}."
+        )
+    return None
 
 
 def host_nbytes(trees: Sequence[Any]) -> int:
