@@ -42,9 +42,13 @@ from torchshard._spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDi
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
+from torchshard.data._collate import sharded_collate as sharded_collate
+from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
+from torchshard.data._sampler import host_sampler as host_sampler
 
 __all__ = [
     "DataPartitionType",
+    "GlobalBatchLoader",
     "HybridMeshShape",
     "IndivisibleError",
     "InputDispatcher",
@@ -68,6 +72,7 @@ __all__ = [
     "data_partition_type_to_spec",
     "dispatch_input_batch",
     "global_to_host_array",
+    "host_sampler",
     "host_to_global_array",
     "host_to_global_device_array",
     "host_to_global_specs",
@@ -78,6 +83,7 @@ __all__ = [
     "process_index",
     "replicate_to_local_data",
     "set_agreement_check",
+    "sharded_collate",
     "with_sharding_constraint",
 ]
 assert sorted(__all__) == __all__

@@ -2,4 +2,6 @@
 
 from torchshard._cli import main
 
-raise SystemExit(main())
+# Guarded: multiprocessing's forkserver/spawn start methods re-import the main module.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,6 +27,12 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from torchshard._demo import main
+
+    return main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from torchshard._bench import BENCHES
@@ -36,6 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--devices", type=int, default=8, help="CPU-emulated device count (no TPU)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo", help="train a small MLP data-parallel, fed by a DataLoader through torchshard"
+    )
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.add_argument(
+        "--hosts", type=int, default=1, choices=[1, 2, 4, 8], help="virtual hosts (default 1)"
+    )
+    demo.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
+    demo.add_argument(
+        "--workers", type=int, default=2, help="DataLoader worker processes in all (default 2)"
+    )
+    demo.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_demo)
     bench = sub.add_parser("bench", help="run benchmarks, print figures and ratios")
     bench.add_argument("name", nargs="?", default="all", choices=[*BENCHES, "all"])
     bench.add_argument("--json", metavar="PATH", help="also write the figures as JSON")

@@ -7,8 +7,9 @@ numpy; the backend is imported only when a mesh is entered or converted.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -242,3 +243,25 @@ def require_mesh(caller: str) -> Mesh:
             "thread. Create one with torchshard.create_device_mesh(...) and enter it."
         )
     return mesh
+
+
+@contextlib.contextmanager
+def thread_mesh(mesh: Mesh) -> Iterator[Mesh]:
+    """Makes ``mesh`` current in this thread without activating it in its backend.
+
+    For helper threads (a loader's prefetch thread) working for a thread that owns the mesh
+    context. The backend's state is process-wide (torch_xla has one global mesh), so
+    ``with mesh:`` in a helper thread would reset it to ``None`` when the helper exits, under
+    the feet of the thread that entered the mesh.
+    """
+    stack = _STATE.stack
+    stack.append(mesh)
+    try:
+        yield mesh
+    finally:
+        if not stack or stack[-1] is not mesh:
+            raise RuntimeError(
+                f"Mesh contexts exited out of order: leaving {mesh!r}, but the current mesh is "
+                f"{stack[-1] if stack else None!r}."
+            )
+        stack.pop()

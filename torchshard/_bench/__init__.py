@@ -11,4 +11,6 @@ BENCHES: dict[str, str] = {
     "g2h": "torchshard._bench.g2h",
     "dispatch": "torchshard._bench.dispatch",
     "dtensor": "torchshard._bench.dtensor",
+    "loader": "torchshard._bench.loader",
+    "soak": "torchshard._bench.soak",
 }

@@ -1,0 +1,133 @@
+"""The prefetch engine (standard library only): order, bound, errors, shutdown."""
+
+import contextlib
+import threading
+import time
+import traceback
+
+import pytest
+
+from torchshard.data._prefetch import Prefetcher
+
+
+def wait_until(cond, timeout=10.0):
+    """Polls ``cond`` until true (never asserts a time: the timeout only stops a hang)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def live(prefix="prefetch"):
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def counting(n):
+    def produce(i):
+        if i == n:
+            raise StopIteration("the end")
+        return i
+
+    return produce
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_items_arrive_in_order_then_stop(depth):
+    p = Prefetcher(counting(7), depth=depth)
+    assert [p.get() for _ in range(7)] == list(range(7))
+    with pytest.raises(StopIteration) as info:
+        p.get()
+    assert info.value.value == "the end"
+    with pytest.raises(StopIteration):  # stays finished
+        p.get()
+    assert wait_until(lambda: not p.alive)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_never_more_than_depth_in_flight(depth):
+    started = []
+
+    def produce(i):
+        started.append(i)
+        if i == 12:
+            raise StopIteration
+        return i
+
+    p = Prefetcher(produce, depth=depth)
+    for consumed in range(12):
+        # Before taking item `consumed`, the thread may have started at most `depth` items
+        # beyond the ones already taken; let it fill up, then check it stopped there.
+        assert wait_until(lambda c=consumed: len(started) == min(c + depth, 13))
+        time.sleep(0.01)
+        assert len(started) == min(consumed + depth, 13)
+        assert p.get() == consumed
+    p.close()
+
+
+def test_error_reaches_the_consumer_at_its_item_with_the_original_traceback():
+    class SourceError(Exception):
+        pass
+
+    def produce_item(i):
+        if i == 3:
+            raise SourceError("bad item")
+        return i
+
+    p = Prefetcher(produce_item, depth=2, where=lambda i: f"batch {i}")
+    assert [p.get() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(SourceError, match="bad item") as info:
+        p.get()
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "produce_item" in frames  # the producer's frame is kept
+    assert info.value.__notes__ == [f"(raised in torchshard's thread {p.name!r} at batch 3)"]
+    with pytest.raises(StopIteration):
+        p.get()
+    assert wait_until(lambda: not p.alive)
+
+
+def test_close_stops_a_blocked_producer_and_is_idempotent():
+    p = Prefetcher(counting(1000), depth=2, name="prefetch-close")
+    assert p.get() == 0
+    p.close()
+    p.close()
+    assert not p.alive
+    assert live("prefetch-close") == []
+    with pytest.raises(StopIteration):
+        p.get()
+
+
+def test_context_is_entered_on_the_thread():
+    seen = []
+
+    @contextlib.contextmanager
+    def ctx():
+        seen.append(("enter", threading.current_thread().name))
+        yield
+        seen.append(("exit", threading.current_thread().name))
+
+    p = Prefetcher(counting(1), depth=1, name="prefetch-ctx", context=ctx)
+    assert p.get() == 0
+    with pytest.raises(StopIteration):
+        p.get()
+    assert wait_until(lambda: len(seen) == 2)
+    assert seen == [("enter", p.name), ("exit", p.name)]
+
+
+def test_failing_context_is_reported():
+    @contextlib.contextmanager
+    def ctx():
+        raise RuntimeError("no mesh here")
+        yield
+
+    p = Prefetcher(counting(1), depth=1, context=ctx)
+    with pytest.raises(RuntimeError, match="no mesh here") as info:
+        p.get()
+    assert info.value.__notes__[-1].endswith("at the thread's set-up)")
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5, None])
+def test_bad_depth(depth):
+    with pytest.raises(ValueError, match=f"depth must be an int >= 1, but got {depth!r}."):
+        Prefetcher(counting(1), depth=depth)

@@ -1,0 +1,175 @@
+"""Input pipelines feeding the same training loop: GlobalBatchLoader, MpDeviceLoader, no prefetch.
+
+Mesh ``(8,)`` (axis ``data``); each host batch is ``{"x": [1024, 1024] f32, "y": [1024] i64}``
+(4.2 MB), split on dim 0 over the 8 devices. The step consumes the batch on the devices (a
+matmul with a replicated weight, ``torch_xla.sync()``, read the result) and then sleeps
+``DEVICE_MS`` to stand for the rest of the device's work: on the CPU emulation the "devices"
+share the host's cores with the input thread, which a TPU's do not, so real compute would
+measure core contention instead of the input pipeline. The step is slower than the transfer
+(both are printed), which is the regime where prefetching should hide the input entirely.
+
+Methods (the same host batches, the same step, interleaved rounds, medians):
+
+- ``torchshard``: ``GlobalBatchLoader(source, partition=P("data"), prefetch=2)``.
+- ``MpDeviceLoader``: torch_xla's ``MpDeviceLoader`` with the ``input_sharding`` that works for
+  it: ``ShardingSpec(mesh, ("data", None))`` for ``x`` and ``("data",)`` for ``y`` (dim 0 over
+  all devices), default prefetch sizes.
+- ``no prefetch``: ``host_to_global_array`` inside the loop.
+
+- ``torchshard, GIL-free transfer (experiment)``: the same loader with MpDeviceLoader's
+  transfer call (``xm.send_cpu_data_to_device``, which releases the GIL while it copies)
+  instead of the backend's ``_global_tensor_from_cpu_shards`` (which holds it, stalling the
+  step's Python on the consumer thread). It isolates that one difference; it is not a
+  torchshard code path (it needs the whole global array on one host).
+
+Figures: steps/s and the input-wait fraction (time in ``next()`` / step time). Targets:
+torchshard's input wait < 5 %; torchshard >= 1.0x MpDeviceLoader's steps/s.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchshard._bench._report import Report
+
+NAME = "loader"
+DESCRIPTION = "training loop fed by GlobalBatchLoader vs MpDeviceLoader vs no prefetch"
+ROWS, COLS = 1024, 1024
+DEVICE_MS = 20.0
+STEPS = 60
+ROUNDS = 7
+WAIT_TARGET = 0.05
+EXPERIMENT = "torchshard, GIL-free transfer (experiment)"
+
+
+def host_batches(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``n`` distinct host batches (made once, outside the timing)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        {"x": torch.randn(ROWS, COLS, generator=g), "y": torch.arange(ROWS) + i} for i in range(n)
+    ]
+
+
+def run_loop(
+    batches: Iterable[Any], step: Callable[[Any], None], steps: int
+) -> tuple[float, float]:
+    """Runs ``steps`` steps; returns (seconds, seconds spent in ``next()``)."""
+    it: Iterator[Any] = iter(batches)
+    try:
+        return _timed(it, step, steps)
+    finally:  # stop the pipeline's threads (MpDeviceLoader has no close(): drain it)
+        close = getattr(batches, "close", None)
+        if callable(close):
+            close()
+        else:
+            for _ in it:
+                pass
+
+
+def _timed(it: Iterator[Any], step: Callable[[Any], None], steps: int) -> tuple[float, float]:
+    wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        batch = next(it)
+        wait += time.perf_counter() - t
+        step(batch)
+    return time.perf_counter() - t0, wait
+
+
+def run(report: Report) -> None:
+    """Measures steps/s and the input-wait fraction of each method; records the ratios."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.parallel_loader as pl
+    import torch_xla.distributed.spmd as xs
+
+    import torchshard as ts
+
+    mesh = ts.Mesh(np.arange(8), ("data",))
+    spec = ts.P("data")
+    pool = host_batches(8)
+    device = torch_xla.device()
+    weight = torch.randn(COLS, 64).to(device)
+
+    def source() -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(STEPS + 8):  # a little more than a run needs
+            yield pool[i % len(pool)]
+
+    def step(batch: Any) -> None:
+        out = (batch["x"] @ weight).sum() + batch["y"].sum()
+        torch_xla.sync()
+        out.item()  # waits for this step's result (not for transfers in flight)
+        time.sleep(DEVICE_MS / 1e3)
+
+    def no_prefetch() -> Iterator[Any]:
+        for b in source():
+            yield ts.host_to_global_array(b, partition=spec)
+
+    sharding = {
+        "x": xs.ShardingSpec(mesh.xla_mesh, ("data", None)),
+        "y": xs.ShardingSpec(mesh.xla_mesh, ("data",)),
+    }
+
+    def gil_free(hosts: list[Any], _spec: Any) -> Any:  # MpDeviceLoader's transfer call
+        return {
+            k: xm.send_cpu_data_to_device(v, device, sharding[k])[0] for k, v in hosts[0].items()
+        }
+
+    methods: dict[str, Callable[[], Any]] = {
+        "torchshard": lambda: ts.GlobalBatchLoader(source(), partition=spec, prefetch=2),
+        "MpDeviceLoader": lambda: pl.MpDeviceLoader(source(), device, input_sharding=sharding),
+        "no prefetch": no_prefetch,
+        EXPERIMENT: lambda: ts.GlobalBatchLoader._from_hosts(
+            [source()], None, partition=spec, mesh=None, prefetch=2, assemble=gil_free
+        ),
+    }
+
+    with mesh:
+        report.progress("loader: warm-up (compiles the step)")
+        for make in methods.values():
+            run_loop(make(), step, 5)
+        samples: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
+        transfer: list[float] = []  # seconds per batch in the loader thread's transfer
+        order = list(methods)
+        rng = random.Random(0)
+        for r in range(ROUNDS):
+            rng.shuffle(order)
+            for name in order:
+                report.progress(f"loader: round {r + 1}/{ROUNDS} {name}")
+                loader = methods[name]()
+                samples[name].append(run_loop(loader, step, STEPS))
+                if name == "torchshard":
+                    stats = loader.stats
+                    transfer.append(stats.transfer_seconds / stats.batches)
+
+    case = f"[{ROWS},{COLS}] f32 (8,), step {DEVICE_MS:g} ms device + sync"
+    rate: dict[str, float] = {}
+    for name, runs in samples.items():
+        secs = statistics.median(s for s, _ in runs)
+        waits = statistics.median(w / s for s, w in runs)
+        rate[name] = STEPS / secs
+        report.figure(NAME, case, name, rate[name], "steps/s")
+        report.figure(NAME, case, f"{name} input wait", 100 * waits, "% of step")
+    step_ms = 1e3 * statistics.median(s / STEPS for s, _ in samples["torchshard"])
+    report.figure(NAME, case, "torchshard step", step_ms, "ms")
+    report.figure(NAME, case, "torchshard transfer", 1e3 * statistics.median(transfer), "ms/batch")
+    vs_mp = rate["torchshard"] / rate["MpDeviceLoader"]
+    report.ratio(NAME, case, "torchshard", "MpDeviceLoader", vs_mp, 1.0)
+    report.ratio(NAME, case, "torchshard", "no prefetch", rate["torchshard"] / rate["no prefetch"])
+    report.ratio(
+        NAME, case, EXPERIMENT, "MpDeviceLoader", rate[EXPERIMENT] / rate["MpDeviceLoader"]
+    )
+    wait = statistics.median(w / s for s, w in samples["torchshard"])
+    verdict = "ok" if wait < WAIT_TARGET else "MISSED"
+    report.notes.append(
+        f"loader: torchshard input wait {wait:.1%} of step time (target < {WAIT_TARGET:.0%}): "
+        f"{verdict}"
+    )

@@ -1,0 +1,231 @@
+"""``python -m torchshard demo``: data-parallel training fed by a DataLoader with workers.
+
+A small MLP classifier learns a synthetic task on the 8-device mesh ``(4, 2)`` (axes
+``data``/``model``; CPU-emulated when no TPU is present). The parameters are replicated; each
+global batch is split over all 8 devices (``FULL``: ``P(("data", "model"))``). The input path
+is the one torchshard is for: a ``DataLoader`` with worker processes reads this host's shard
+(``host_sampler``), and ``GlobalBatchLoader`` turns its host batches into global sharded
+batches on a background thread. ``--hosts N`` runs the same path with N virtual hosts, each
+with its own DataLoader and shard.
+
+This module is an application, not library code: it imports torch_xla (the optimizer step and
+``torch_xla.sync()``), which torchshard's library modules leave to ``_backend/xla.py``. The
+dataset and the worker code are pure numpy/torch: the workers are started with the
+``forkserver`` method, so they never carry torch_xla's runtime (a check in each worker proves
+it), and forking a process whose XLA runtime threads are live is avoided.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+FEATURES, CLASSES = 32, 10
+
+
+class SyntheticClassification(Dataset[dict[str, np.ndarray]]):
+    """Gaussian features labelled by a fixed random linear teacher (learnable, pure numpy)."""
+
+    def __init__(self, size: int, *, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        teacher = rng.standard_normal((FEATURES, CLASSES)).astype(np.float32)
+        self.x = rng.standard_normal((size, FEATURES)).astype(np.float32)
+        self.y = (self.x @ teacher).argmax(axis=1).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+def check_worker(worker_id: int) -> None:
+    """``worker_init_fn``: a DataLoader worker must not carry torch_xla."""
+    if "torch_xla" in sys.modules:
+        raise RuntimeError(
+            f"DataLoader worker {worker_id} has torch_xla imported; start workers with the "
+            "'forkserver' or 'spawn' method and keep the dataset free of XLA."
+        )
+
+
+def mlp() -> torch.nn.Module:
+    """The model: 32 -> 128 -> 128 -> 10."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, CLASSES),
+    )
+
+
+@dataclasses.dataclass
+class Result:
+    """What a demo run measured."""
+
+    first_loss: float
+    last_loss: float
+    steps_per_second: float
+    examples_per_second: float
+    input_wait_fraction: float
+    warmup_seconds: float
+
+    @property
+    def loss_fell(self) -> bool:
+        """Whether the loss of the last steps is at least 5 % below that of the first steps."""
+        return self.last_loss < 0.95 * self.first_loss
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def train(
+    *,
+    steps: int = 300,
+    hosts: int = 1,
+    batch_size: int = 256,
+    workers: int = 2,
+    lr: float = 3e-3,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> Result:
+    """Trains the MLP for ``steps`` steps; returns the losses and the throughput."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    import torchshard as ts
+    from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+
+    torch.manual_seed(seed)
+    mesh = ts.create_device_mesh((4, 2), ("data", "model"))
+    steps_per_epoch = 64
+    dataset = SyntheticClassification(steps_per_epoch * batch_size, seed=seed)
+    per_host = batch_size // hosts
+    samplers = [
+        ts.host_sampler(dataset, {"num_shards": hosts, "shard_index": h}, seed=seed)
+        for h in range(hosts)
+    ]
+    host_workers = max(1, workers // hosts) if workers > 0 else 0
+    if host_workers:
+        # Workers fork from a server that has imported this module (torch, numpy; no XLA).
+        multiprocessing.set_forkserver_preload([__name__])
+    loaders = [
+        DataLoader(
+            dataset,
+            batch_size=per_host,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=host_workers,
+            multiprocessing_context="forkserver" if host_workers else None,
+            persistent_workers=host_workers > 0,
+            worker_init_fn=check_worker,
+        )
+        for sampler in samplers
+    ]
+    log(
+        f"mesh {dict(mesh.shape)}, {hosts} host(s) x {host_workers} DataLoader worker(s)"
+        f"{' (forkserver)' if host_workers else ''}, global batch {batch_size} "
+        f"({per_host} per host), {steps} steps"
+    )
+    every = max(1, steps // 10)
+    warmup = min(3, steps - 1)
+    losses: list[float] = []
+    pending: list[tuple[int, Any]] = []
+    with contextlib.ExitStack() as stack:
+        if hosts > 1:
+            stack.enter_context(virtual_hosts(hosts))
+        stack.enter_context(mesh)
+        if hosts > 1:
+            loader = global_batch_loader_per_host(loaders)
+        else:
+            loader = ts.GlobalBatchLoader(loaders[0])
+        stack.enter_context(loader)
+        device = torch_xla.device()
+        model = mlp().to(device)  # replicated: every device holds the parameters
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        t_start = time.perf_counter()
+        t_warm, wait_warm, step, epoch = t_start, 0.0, 0, 0
+        while step < steps:
+            for sampler in samplers:
+                sampler.set_epoch(epoch)
+            for batch in loader:
+                logits = model(batch["x"])
+                loss = torch.nn.functional.cross_entropy(logits, batch["y"])
+                optimizer.zero_grad()
+                loss.backward()
+                xm.optimizer_step(optimizer)
+                torch_xla.sync()
+                pending.append((step, loss))
+                step += 1
+                if step == warmup:
+                    xm.wait_device_ops()
+                    t_warm, wait_warm = time.perf_counter(), loader.stats.wait_seconds
+                if step % every == 0 or step == steps:
+                    losses += [t.item() for _, t in pending]
+                    pending.clear()
+                    elapsed = time.perf_counter() - t_warm
+                    done = step - warmup
+                    wait = loader.stats.wait_seconds - wait_warm
+                    rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
+                    frac = f"input wait {wait / elapsed:5.1%}" if done > 0 else ""
+                    log(f"step {step:>5}/{steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
+                if step == steps:
+                    break
+            epoch += 1
+        xm.wait_device_ops()
+        elapsed = time.perf_counter() - t_warm
+        wait = loader.stats.wait_seconds - wait_warm
+    timed = max(steps - warmup, 1)
+    window = max(1, min(10, steps // 5))
+    return Result(
+        first_loss=_mean(losses[:window]),
+        last_loss=_mean(losses[-window:]),
+        steps_per_second=timed / elapsed,
+        examples_per_second=timed * batch_size / elapsed,
+        input_wait_fraction=wait / elapsed,
+        warmup_seconds=t_warm - t_start,
+    )
+
+
+def main(args: Any) -> int:
+    """The ``demo`` subcommand; exits non-zero when the loss does not fall."""
+    if args.steps < 2:
+        print("demo: --steps must be at least 2", file=sys.stderr)
+        return 2
+    if 8 % args.hosts or args.batch % 8:
+        print(
+            f"demo: --hosts ({args.hosts}) must divide the 8 devices and --batch ({args.batch}) "
+            "must be a multiple of 8",
+            file=sys.stderr,
+        )
+        return 2
+    r = train(
+        steps=args.steps,
+        hosts=args.hosts,
+        batch_size=args.batch,
+        workers=args.workers,
+        lr=args.lr,
+        seed=args.seed,
+        log=lambda msg: print(msg, flush=True),
+    )
+    print(
+        f"loss {r.first_loss:.4f} -> {r.last_loss:.4f} (mean of the first and last steps); "
+        f"{r.steps_per_second:.1f} steps/s, {r.examples_per_second:,.0f} examples/s after "
+        f"{r.warmup_seconds:.1f} s of compilation; input wait {r.input_wait_fraction:.1%} of "
+        "step time"
+    )
+    if not r.loss_fell:
+        print("FAILED: the loss did not fall", file=sys.stderr)
+        return 1
+    print("ok: the loss fell")
+    return 0

@@ -1,0 +1,191 @@
+"""A bounded, ordered prefetcher on one named background thread (standard library only).
+
+``Prefetcher(produce, depth=n)`` calls ``produce(0)``, ``produce(1)``, ... on its thread and
+hands the results to the consumer in order. At most ``depth`` results are in flight (being
+produced or waiting in the queue); the item the consumer holds is not counted, and ``produce``
+is not called before a slot is free. Design, after torchdata.nodes' ``_SingleThreadedMapper``:
+
+- A ``BoundedSemaphore(depth)``: the thread acquires a slot before producing, the consumer
+  releases it when it takes the item. The queue is unbounded (the semaphore bounds it), so
+  ``put`` never blocks.
+- A stop ``Event``; every blocking call has a timeout (``POLL_SECONDS``) and re-checks it. The
+  consumer's wait also notices a thread that died.
+- The end (``produce`` raised ``StopIteration``) and errors travel through the queue in order.
+  An error is re-raised at the consumer's ``get()`` for that item as the *original* exception
+  object (same type, original traceback), with a note naming the thread and ``where``.
+- ``close()`` is idempotent: it sets the stop event, drops queued items and joins the thread.
+  It runs at the end of the stream, on error, and from the owner's ``close``/finaliser.
+
+The thread holds no reference to the consumer-facing object, so an abandoned iterator is
+garbage collected and its finaliser stops the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+POLL_SECONDS = 0.05  # every blocking call wakes up this often to check the stop event
+JOIN_SECONDS = 10.0  # how long close() waits for a thread that is inside produce()
+
+_log = logging.getLogger(__name__)
+_ids = itertools.count()
+
+
+class _End:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Failure:
+    """An exception raised by ``produce``, with where it happened."""
+
+    __slots__ = ("error", "where")
+
+    def __init__(self, error: BaseException, where: str) -> None:
+        self.error = error
+        self.where = where
+
+
+def _closed(i: int) -> Any:
+    raise StopIteration
+
+
+class Prefetcher(Generic[T]):
+    """Runs ``produce(i)`` for ``i = 0, 1, ...`` on a named thread, ``depth`` items ahead.
+
+    Args:
+        produce: called with the item index on the background thread; returns the item, or
+            raises ``StopIteration`` (its ``value`` is handed to the consumer's
+            ``StopIteration``) at the end. Any other exception ends the stream and is re-raised
+            at the consumer's ``get()`` for that index.
+        depth: the most items in flight (>= 1).
+        name: the thread's name prefix.
+        context: entered on the thread around all calls to ``produce`` (e.g. a mesh context).
+        where: formats the index for error notes (default ``"item 7"``).
+
+    Example:
+        >>> def squares(i):
+        ...     if i == 3:
+        ...         raise StopIteration
+        ...     return i * i
+        >>> p = Prefetcher(squares, depth=2)
+        >>> [p.get(), p.get(), p.get()]
+        [0, 1, 4]
+        >>> p.close()
+    """
+
+    def __init__(
+        self,
+        produce: Callable[[int], T],
+        *,
+        depth: int,
+        name: str = "prefetch",
+        context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        where: Callable[[int], str] = lambda i: f"item {i}",
+    ) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be an int >= 1, but got {depth!r}.")
+        self._produce = produce
+        self._context = context
+        self._where = where
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(depth)
+        self._stop = threading.Event()
+        self._done = False
+        self.name = f"{name}-{next(_ids)}"
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    # -- background thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            with self._context() if self._context is not None else contextlib.nullcontext():
+                self._loop()
+        except BaseException as e:  # noqa: BLE001 - thread boundary: hand it to the consumer
+            self._queue.put(_Failure(e, "the thread's set-up"))
+
+    def _loop(self) -> None:
+        for i in itertools.count():
+            while not self._slots.acquire(timeout=POLL_SECONDS):
+                if self._stop.is_set():
+                    return
+            if self._stop.is_set():
+                return
+            try:
+                item = self._produce(i)
+            except StopIteration as end:
+                self._queue.put(_End(end.value))
+                return
+            except BaseException as e:  # noqa: BLE001 - thread boundary: travels in order
+                self._queue.put(_Failure(e, self._where(i)))
+                return
+            self._queue.put(item)
+
+    # -- consumer ----------------------------------------------------------------------------
+    def get(self) -> T:
+        """The next item; raises ``StopIteration`` at the end, or the producer's exception."""
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                entry = self._queue.get(timeout=POLL_SECONDS)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    self._done = True
+                    raise StopIteration from None
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True
+                    raise RuntimeError(
+                        f"the prefetch thread {self.name!r} ended without a result."
+                    ) from None
+        if isinstance(entry, _End):
+            self.close()
+            raise StopIteration(entry.value)
+        if isinstance(entry, _Failure):
+            self.close()
+            error = entry.error
+            error.add_note(f"(raised in torchshard's thread {self.name!r} at {entry.where})")
+            raise error
+        self._slots.release()
+        return entry
+
+    @property
+    def alive(self) -> bool:
+        """Whether the background thread is still running."""
+        return self._thread.is_alive()
+
+    def close(self) -> None:
+        """Stops the thread, drops queued items and joins (idempotent)."""
+        self._done = True
+        self._stop.set()
+        self._drain()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=JOIN_SECONDS)
+            if not self._thread.is_alive():
+                self._produce = _closed  # frees what produce holds (e.g. source iterators)
+            else:
+                _log.warning(
+                    "thread %r did not stop within %.0f s: it is blocked inside the source; it "
+                    "exits when the source returns.",
+                    self.name,
+                    JOIN_SECONDS,
+                )
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
