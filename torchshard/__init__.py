@@ -9,6 +9,9 @@ from torchshard._assemble import host_to_global_array as host_to_global_array
 from torchshard._assemble import host_to_global_device_array as host_to_global_device_array
 from torchshard._assemble import host_to_global_specs as host_to_global_specs
 from torchshard._assemble import replicate_to_local_data as replicate_to_local_data
+from torchshard._describe import LayoutBlock as LayoutBlock
+from torchshard._describe import ShardingLayout as ShardingLayout
+from torchshard._describe import describe_layout as describe_layout
 from torchshard._errors import IndivisibleError as IndivisibleError
 from torchshard._errors import NoMeshError as NoMeshError
 from torchshard._errors import NonUniformShardingError as NonUniformShardingError
@@ -30,11 +33,13 @@ from torchshard._spec import PartitionSpec as PartitionSpec
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
+from torchshard._visualize import visualize_sharding as visualize_sharding
 
 __all__ = [
     "DataPartitionType",
     "HybridMeshShape",
     "IndivisibleError",
+    "LayoutBlock",
     "Mesh",
     "NamedSharding",
     "NoMeshError",
@@ -42,6 +47,7 @@ __all__ = [
     "P",
     "PartitionSpec",
     "ShardingError",
+    "ShardingLayout",
     "TensorSpec",
     "TreeStructureError",
     "UnsupportedPartitionError",
@@ -49,6 +55,7 @@ __all__ = [
     "create_device_mesh",
     "current_mesh",
     "data_partition_type_to_spec",
+    "describe_layout",
     "global_to_host_array",
     "host_to_global_array",
     "host_to_global_device_array",
@@ -58,5 +65,6 @@ __all__ = [
     "process_count",
     "process_index",
     "replicate_to_local_data",
+    "visualize_sharding",
 ]
 assert sorted(__all__) == __all__
