@@ -243,11 +243,14 @@ def layout_of_tensor(tensor: Any) -> ShardingLayout:
     mesh = current_mesh()
     backend = get_backend(mesh)
     if not backend.is_global(tensor):
+        import torch
+
+        got = type(tensor).__name__
+        if isinstance(tensor, torch.Tensor):
+            got = f"a tensor on {tensor.device}"
         raise TypeError(
             "visualize_sharding: expected a global (XLA) tensor or a ShardingLayout, but got "
-            f"{type(tensor).__name__}"
-            + (f" on {tensor.device}" if hasattr(tensor, "device") else "")
-            + "."
+            f"{got}."
         )
     shape = tuple(int(n) for n in tensor.shape)
     topo = current_topology(mesh)
