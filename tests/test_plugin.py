@@ -4,6 +4,7 @@ device count is fixed per process, so every run gets a fresh interpreter)."""
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import sys
 import textwrap
@@ -91,15 +92,28 @@ MARKED = """
 """
 
 
+def _readme_example() -> str:
+    """The example test of the README's "Testing SPMD code on a laptop" section."""
+    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    block = text.split("<!-- example:plugin -->", 1)[1]
+    return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def _lines_of(result: pytest.RunResult) -> list[str]:
     return [line.rstrip() for line in result.stdout.lines]
 
 
-def test_make_mesh_and_assert_sharded_pass(pytester):
-    pytester.makepyfile(test_passing=textwrap.dedent(PASSING))
+def test_make_mesh_and_assert_sharded_pass_and_the_readme_example_runs(pytester):
+    pytester.makepyfile(test_passing=textwrap.dedent(PASSING), test_readme=_readme_example())
     result = pytester.runpytest_subprocess("-v")
-    result.assert_outcomes(passed=4)
-    result.stdout.re_match_lines([re.escape("torchshard: 8 CPU-emulated SPMD devices")])
+    result.assert_outcomes(passed=7)
+    result.stdout.re_match_lines(
+        [
+            re.escape("torchshard: 8 CPU-emulated SPMD devices"),
+            re.escape("test_readme.py::test_any_device_count[spmd4] PASSED") + ".*",
+            re.escape("test_readme.py::test_any_device_count[spmd8] PASSED") + ".*",
+        ]
+    )
 
 
 def test_wrong_spec_fails_with_readable_diff(pytester):
