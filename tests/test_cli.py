@@ -178,6 +178,7 @@ def test_bench_quick_json_and_plot(tmp_path):
     }
     for f in data["figures"]:
         assert f["unit"] == "GB/s" and f["value"] > 0 and f["spread"] >= 0
+        assert 0 < f["median"] <= f["value"]  # the best round is at least as fast
         cells = (f["bench"], f["case"], f["method"], format(f["value"], ".4g"))
         line = re.compile(r"^" + r"\s+".join(re.escape(c) for c in cells) + r"\s")
         assert any(line.match(s) for s in result.stdout.splitlines()), f

@@ -102,10 +102,9 @@ def print_tables(report: Report, *, file: IO[str] | None = None, plain: bool = F
 
     console = Console(file=file)
     if report.figures:
-        table = Table(title="figures (median over interleaved rounds)")
-        for name, justify in zip(
-            report.figure_rows()[0], ("left", "left", "left", "right", "right", "left"), strict=True
-        ):
+        table = Table(title="figures (best of interleaved rounds; median; spread = IQR / median)")
+        justified = ("left", "left", "left", "right", "right", "right", "left")
+        for name, justify in zip(report.figure_rows()[0], justified, strict=True):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for row in report.figure_rows()[1:]:
             table.add_row(*row)

@@ -32,10 +32,11 @@ def plot_sweep(report: Report, path: str) -> None:
     require_matplotlib("bench --plot")
     from matplotlib.figure import Figure
 
-    series: dict[str, list[tuple[int, float, float]]] = {m: [] for m in METHODS}
+    series: dict[str, list[tuple[int, float, float]]] = {m: [] for m in METHODS}  # x, best, med
     for f in report.figures:
         if f.bench == NAME and f.method in series:
-            series[f.method].append((label_bytes(f.case), f.value, f.spread or 0.0))
+            median = f.median if f.median is not None else f.value
+            series[f.method].append((label_bytes(f.case), f.value, median))
     if not any(series.values()):
         raise ValueError("bench --plot: the report holds no sweep figures to plot.")
     fig = Figure(figsize=(8.5, 5.2))
@@ -47,15 +48,17 @@ def plot_sweep(report: Report, path: str) -> None:
         points.sort()
         xs = [p[0] for p in points]
         ys = [p[1] for p in points]
-        err = [p[1] * p[2] / 2 for p in points]
+        down = [max(p[1] - p[2], 0.0) for p in points]  # from the best round to the median
         sizes.update(xs)
-        ax.errorbar(xs, ys, yerr=err, label=_LABEL[method], capsize=2, **_STYLE[method])
+        ax.errorbar(
+            xs, ys, yerr=[down, [0.0] * len(xs)], label=_LABEL[method], capsize=2, **_STYLE[method]
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ticks = sorted(sizes)
     ax.set_xticks(ticks, [size_label(n) for n in ticks])
     ax.set_xlabel("batch bytes per host (float32, dim 0 split over 8 devices)")
-    ax.set_ylabel("GB/s (median; bars: interquartile range)")
+    ax.set_ylabel("GB/s (best round; bars down to the median round)")
     machine = report.meta.get("machine", {})
     where = ", ".join(
         str(v)
