@@ -159,11 +159,17 @@ def test_bench_choices_come_from_the_registry():
 
 def test_bench_quick_json_and_plot(tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "sweep.png"
-    result = _run("bench", "h2g", "--quick", "--plain", "--json", str(out), "--plot", str(png))
+    args = ["--quick", "--plain", "--threads", "1", "--json", str(out), "--plot", str(png)]
+    result = _run("bench", "h2g", *args)
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     # --plot adds the sweep to the run; every figure printed is in the JSON, and back.
-    assert data["settings"] == {"devices": 8, "quick": True, "benches": ["h2g", "sweep"]}
+    assert data["settings"] == {
+        "devices": 8,
+        "quick": True,
+        "benches": ["h2g", "sweep"],
+        "torch_threads": 1,
+    }
     assert data["machine"]["nproc"] >= 1 and data["machine"]["torch_xla"] == "2.9.0"
     figures = {(f["bench"], f["case"], f["method"]) for f in data["figures"]}
     assert figures == {

@@ -30,12 +30,17 @@ def _bench(args: argparse.Namespace) -> int:
         if "sweep" not in names:
             names.append("sweep")
     configure(quick=args.quick)
-    report = Report(
-        meta={
-            "machine": machine_info(),
-            "settings": {"devices": args.devices, "quick": args.quick, "benches": names},
-        }
-    )
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    settings = {
+        "devices": args.devices,
+        "quick": args.quick,
+        "benches": names,
+        "torch_threads": torch.get_num_threads(),
+    }
+    report = Report(meta={"machine": machine_info(), "settings": settings})
     with Progress(len(names), plain=args.plain) as progress:
         report.progress = progress.message
         for name in names:
@@ -152,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="tiny sizes and 3 rounds: checks the command runs"
     )
     bench.add_argument("--plain", action="store_true", help="plain text output, no rich")
+    bench.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch intra-op threads (default: torch's); 1 avoids OpenMP stalls on a shared host",
+    )
     bench.set_defaults(func=_bench)
     layout = sub.add_parser(
         "layout",
