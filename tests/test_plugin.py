@@ -240,3 +240,40 @@ def test_conftest_changing_the_count_is_a_clear_error(pytester):
         "torchshard pytest plugin: after loading the conftest files, PJRT_DEVICE=CPU and "
         "CPU_NUM_DEVICES=2, but the plugin set CPU and 8: a conftest or test module changed them."
     ) in "\n".join(result.stderr.lines)
+
+
+def test_plugin_loaded_late_from_a_conftest(pytester, monkeypatch):
+    # Without entry-point autoloading, a conftest can still load the plugin; it then sets up the
+    # devices in pytest_configure, after that conftest ran.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest('pytest_plugins = ["torchshard.testing._plugin"]\n')
+    pytester.makepyfile(
+        test_late="""
+        import torchshard as ts
+
+        def test_count(spmd_devices, make_mesh):
+            assert spmd_devices == 8
+            assert make_mesh((-1,), ("data",)).size == 8
+        """
+    )
+    pytester.runpytest_subprocess().assert_outcomes(passed=1)
+
+
+def test_plugin_loaded_late_after_a_conftest_started_torch_xla(pytester, monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeconftest(
+        "import os\n"
+        "os.environ['PJRT_DEVICE'] = 'CPU'\n"
+        "os.environ['CPU_NUM_DEVICES'] = '4'\n"
+        "import torch_xla.runtime as xr\n"
+        "xr.global_runtime_device_count()\n"
+        'pytest_plugins = ["torchshard.testing._plugin"]\n'
+    )
+    pytester.makepyfile(test_any="def test_any():\n    pass\n")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = "\n".join(result.stderr.lines)
+    assert (
+        "torchshard pytest plugin: torch_xla's runtime already started with 4 CPU device(s), but "
+        "8 emulated CPU devices were requested."
+    ) in err, err

@@ -47,11 +47,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"{DEFAULT_DEVICES}); fixed for the whole process",
     )
     group.addoption("--spmd-report", dest="spmd_report", default=None, help=argparse.SUPPRESS)
-    parser.addini(
-        "spmd_devices",
-        f"number of CPU-emulated XLA devices (default {DEFAULT_DEVICES})",
-        default=str(DEFAULT_DEVICES),
-    )
+    help_ = f"number of CPU-emulated XLA devices (default {DEFAULT_DEVICES})"
+    if pytest.version_tuple >= (8, 4):  # int ini options (so TOML may say spmd_devices = 8)
+        parser.addini("spmd_devices", help_, type="int", default=DEFAULT_DEVICES)
+    else:
+        parser.addini("spmd_devices", help_, default=str(DEFAULT_DEVICES))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,7 +80,13 @@ def _configured_count(config: pytest.Config, options: Any) -> int:
     value = getattr(options, "spmd_devices", None)
     where = "--spmd-devices"
     if value is None:
-        value, where = config.getini("spmd_devices"), "ini option spmd_devices"
+        where = "ini option spmd_devices"
+        try:
+            value = config.getini("spmd_devices")
+        except ValueError as e:  # pytest's own coercion of the ini text to an int
+            raise pytest.UsageError(
+                f"torchshard: {where} must be a positive device count ({e})."
+            ) from None
     try:
         count = int(str(value).strip())
     except ValueError:
