@@ -1,21 +1,13 @@
-"""Test set-up: 8 CPU-emulated SPMD devices, enabled before torch_xla creates its client."""
+"""Test set-up. The 8 CPU-emulated SPMD devices come from torchshard's own pytest plugin
+(``torchshard.testing._plugin``, entry point ``pytest11``; ini ``spmd_devices`` in
+pyproject.toml), which configures torch_xla before this file is imported."""
 
 from __future__ import annotations
 
-import os
+import numpy as np
+import pytest
 
-os.environ["PJRT_DEVICE"] = "CPU"
-os.environ["CPU_NUM_DEVICES"] = "8"
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from torchshard._env import setup_cpu_emulation
-
-setup_cpu_emulation(8, force=True)
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import torchshard as ts  # noqa: E402
+import torchshard as ts
 
 
 @pytest.fixture

@@ -13,6 +13,9 @@ from torchshard._assemble import host_to_global_specs as host_to_global_specs
 from torchshard._assemble import replicate_to_local_data as replicate_to_local_data
 from torchshard._constraint import maybe_shard as maybe_shard
 from torchshard._constraint import with_sharding_constraint as with_sharding_constraint
+from torchshard._describe import LayoutBlock as LayoutBlock
+from torchshard._describe import ShardingLayout as ShardingLayout
+from torchshard._describe import describe_layout as describe_layout
 from torchshard._dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY as PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
 )
@@ -42,6 +45,7 @@ from torchshard._spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDi
 from torchshard._tensor_spec import TensorSpec as TensorSpec
 from torchshard._topology import process_count as process_count
 from torchshard._topology import process_index as process_index
+from torchshard._visualize import visualize_sharding as visualize_sharding
 from torchshard.data._collate import sharded_collate as sharded_collate
 from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._sampler import host_sampler as host_sampler
@@ -52,6 +56,7 @@ __all__ = [
     "HybridMeshShape",
     "IndivisibleError",
     "InputDispatcher",
+    "LayoutBlock",
     "Mesh",
     "NamedSharding",
     "NoMeshError",
@@ -62,6 +67,7 @@ __all__ = [
     "PartitionSpec",
     "ProcessDisagreementError",
     "ShardingError",
+    "ShardingLayout",
     "SpmdInputDispatcher",
     "TensorSpec",
     "TreeStructureError",
@@ -70,6 +76,7 @@ __all__ = [
     "create_device_mesh",
     "current_mesh",
     "data_partition_type_to_spec",
+    "describe_layout",
     "dispatch_input_batch",
     "global_to_host_array",
     "host_sampler",
@@ -84,6 +91,7 @@ __all__ = [
     "replicate_to_local_data",
     "set_agreement_check",
     "sharded_collate",
+    "visualize_sharding",
     "with_sharding_constraint",
 ]
 assert sorted(__all__) == __all__

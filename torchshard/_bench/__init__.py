@@ -1,7 +1,9 @@
 """Benchmarks: each compares methods in one run and reports figures and ratios.
 
 A benchmark module exposes ``NAME``, ``DESCRIPTION`` and ``run(report)``; the registry below
-maps command names to modules. ``python -m torchshard bench <name>`` runs them.
+maps command names to modules (one line each, so that merges stay simple). ``python -m
+torchshard bench <name>`` runs one, ``bench all`` runs every one in this order; the command's
+choices come from this dict.
 """
 
 from __future__ import annotations
@@ -13,4 +15,5 @@ BENCHES: dict[str, str] = {
     "dtensor": "torchshard._bench.dtensor",
     "loader": "torchshard._bench.loader",
     "soak": "torchshard._bench.soak",
+    "sweep": "torchshard._bench.sweep",
 }

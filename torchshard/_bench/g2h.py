@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from torchshard._bench._report import Report, compare
-from torchshard._bench.h2g import COLS, ROWS, meshes
+from torchshard._bench._report import Report, measure, paired_ratio
+from torchshard._bench.h2g import meshes, sizes
 
 NAME = "g2h"
 DESCRIPTION = "global -> host: global_to_host_array vs .cpu()"
@@ -21,11 +21,12 @@ def run(report: Report) -> None:
     """Measures read-back throughput (GB/s) and the ratio torchshard / ``.cpu()``."""
     import torchshard as ts
 
+    rows, cols = sizes(report)
     for mesh_name, mesh in meshes():
         for leaves in (1, 8):
-            case = f"{leaves}x[{ROWS},{COLS}] f32 {mesh_name}"
+            case = f"{leaves}x[{rows},{cols}] f32 {mesh_name}"
             report.progress(f"g2h {case}")
-            batch = {f"x{i}": torch.randn(ROWS, COLS) for i in range(leaves)}
+            batch = {f"x{i}": torch.randn(rows, cols) for i in range(leaves)}
             nbytes = sum(t.numel() * t.element_size() for t in batch.values())
             with mesh:
                 glob = ts.host_to_global_array(batch, partition=ts.P(mesh.axis_names))
@@ -38,7 +39,8 @@ def run(report: Report) -> None:
                 for t in glob.values():
                     t.cpu()
 
-            secs = compare({"torchshard": torchshard, ".cpu()": cpu}, rounds=5)
-            for method, s in secs.items():
-                report.figure(NAME, case, method, nbytes / s / 1e9, "GB/s")
-            report.ratio(NAME, case, "torchshard", ".cpu()", secs[".cpu()"] / secs["torchshard"])
+            timings = measure({"torchshard": torchshard, ".cpu()": cpu}, rounds=7)
+            report.throughput(NAME, case, timings, nbytes)
+            report.ratio(
+                NAME, case, "torchshard", ".cpu()", paired_ratio(timings, "torchshard", ".cpu()")
+            )

@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._bench._report import Report, compare
+from torchshard._bench._report import Report, measure, paired_ratio
 
 NAME = "h2g"
 DESCRIPTION = "host -> global: torchshard vs _global_tensor_from_cpu_shards vs .to()+mark_sharding"
 ROWS, COLS = 1024, 2048
+QUICK_ROWS, QUICK_COLS = 64, 32  # --quick: tiny sizes for tests of the command line
 
 
 def meshes() -> list[tuple[str, Any]]:
@@ -78,19 +79,22 @@ def methods(mesh: Any, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[],
     return {"torchshard": torchshard, "direct": direct, "to+mark_sharding": to_mark}
 
 
+def sizes(report: Report) -> tuple[int, int]:
+    """The batch shape: [ROWS, COLS], or a tiny one under ``--quick``."""
+    return (QUICK_ROWS, QUICK_COLS) if report.quick else (ROWS, COLS)
+
+
 def run(report: Report) -> None:
-    """Measures every case and records throughputs (GB/s) and ratios."""
+    """Measures every case and records throughputs (GB/s) and ratios (paired, per round)."""
+    rows, cols = sizes(report)
     for mesh_name, mesh in meshes():
         for leaves in (1, 8):
-            case = f"{leaves}x[{ROWS},{COLS}] f32 {mesh_name}"
+            case = f"{leaves}x[{rows},{cols}] f32 {mesh_name}"
             report.progress(f"h2g {case}")
-            batch = {f"x{i}": torch.randn(ROWS, COLS) for i in range(leaves)}
+            batch = {f"x{i}": torch.randn(rows, cols) for i in range(leaves)}
             nbytes = sum(t.numel() * t.element_size() for t in batch.values())
-            secs = compare(methods(mesh, batch))
-            for method, s in secs.items():
-                report.figure(NAME, case, method, nbytes / s / 1e9, "GB/s")
-            base = secs["torchshard"]
-            report.ratio(NAME, case, "torchshard", "direct", secs["direct"] / base, 0.95)
-            report.ratio(
-                NAME, case, "torchshard", "to+mark_sharding", secs["to+mark_sharding"] / base, 1.5
-            )
+            timings = measure(methods(mesh, batch))
+            report.throughput(NAME, case, timings, nbytes)
+            for other, target in (("direct", 0.95), ("to+mark_sharding", 1.5)):
+                ratio = paired_ratio(timings, "torchshard", other)
+                report.ratio(NAME, case, "torchshard", other, ratio, target)

@@ -1,0 +1,335 @@
+"""describe_layout / visualize_sharding / save_png, against independent oracles: the conformance
+vectors (torch_xla's and JAX's index maps), torch_xla's own reported shards
+(``XLAShardedTensor.local_shards``), and the virtual-host rule d // (8 // n)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch_xla.distributed.spmd as xs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchshard as ts
+from torchshard._optional import MissingDependencyError
+from torchshard.testing import host_to_global_array_per_host, make_virtual_topology, virtual_hosts
+
+CONFORMANCE = pathlib.Path(__file__).parent / "data" / "conformance"
+MESH42 = np.arange(8).reshape(4, 2)
+
+
+def _load(name):
+    with open(CONFORMANCE / f"{name}.json") as f:
+        return json.load(f)["cases"]
+
+
+def _mesh(case):
+    return ts.Mesh(np.asarray(case["device_ids"]).reshape(case["mesh_shape"]), case["axis_names"])
+
+
+def _spec(case):
+    return ts.P(*[tuple(e) if isinstance(e, list) else e for e in case["spec"]])
+
+
+def _xla_shards(t):
+    """{device: ranges} as torch_xla reports them (its public XLAShardedTensor API)."""
+    out = {}
+    for s in xs.XLAShardedTensor(t).local_shards:
+        device = int(s.shard_device.split(":")[1])
+        if s.indices is Ellipsis:
+            out[device] = tuple((0, n) for n in t.shape)
+        else:
+            out[device] = tuple(sl.indices(n)[:2] for sl, n in zip(s.indices, t.shape, strict=True))
+    return out
+
+
+def _ranges(layout):
+    return {b.device: b.ranges for b in layout.blocks}
+
+
+# -- the index maths -------------------------------------------------------------------------
+
+
+@st.composite
+def layouts(draw):
+    rank = draw(st.integers(1, 3))
+    sizes = {1: [(8,)], 2: [(4, 2), (2, 4), (8, 1), (1, 8)], 3: [(2, 2, 2), (2, 1, 4)]}[rank]
+    shape = draw(st.sampled_from(sizes))
+    names = ("a", "b", "c")[:rank]
+    ids = draw(st.permutations(range(8)))
+    mesh = ts.Mesh(np.asarray(ids).reshape(shape), names)
+    ndim = draw(st.integers(1, 3))
+    free = list(names)
+    spec = []
+    for _ in range(draw(st.integers(0, ndim))):
+        k = draw(st.integers(0, min(2, len(free))))
+        picked = draw(st.permutations(free))[:k]
+        free = [a for a in free if a not in picked]
+        spec.append(None if not picked else picked[0] if k == 1 else tuple(picked))
+    gshape = tuple(draw(st.integers(0, 12)) for _ in range(ndim))
+    return mesh, ts.P(*spec), gshape, draw(st.sampled_from([1, 2, 4, 8]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts())
+def test_describe_layout_agrees_with_named_sharding(case):
+    mesh, spec, shape, hosts = case
+    layout = ts.describe_layout(mesh, spec, shape, num_hosts=hosts)
+    sharding = ts.NamedSharding(mesh, spec)
+    assert layout.devices_indices_map() == sharding.devices_indices_map(shape)
+    assert layout.devices == tuple(range(8))
+    owners = make_virtual_topology(8, hosts).device_process
+    assert [b.host for b in layout.blocks] == [d // (8 // hosts) for d in range(8)] == list(owners)
+    for h, (devices, local) in layout.host_blocks().items():
+        assert devices == tuple(d for d in range(8) if owners[d] == h)
+        assert local == sharding.process_local_shape(shape, h, device_process=owners)
+
+
+@pytest.mark.parametrize("case", _load("index_maps"), ids=lambda c: c["id"])
+def test_describe_layout_matches_conformance_index_maps(case):
+    layout = ts.describe_layout(_mesh(case), _spec(case), case["global_shape"], num_hosts=1)
+    want = {int(d): tuple(tuple(r) for r in rs) for d, rs in case["indices"].items()}
+    assert _ranges(layout) == want
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in _load("host_layouts") if c["hosts"] is not None and c["indices"] is not None],
+    ids=lambda c: c["id"],
+)
+def test_describe_layout_matches_conformance_host_layouts(case):
+    layout = ts.describe_layout(
+        _mesh(case), _spec(case), case["global_shape"], num_hosts=case["num_hosts"]
+    )
+    want = {int(d): tuple(tuple(r) for r in rs) for d, rs in case["indices"].items()}
+    assert _ranges(layout) == want
+    got = layout.host_blocks()
+    for host in case["hosts"]:
+        assert got[host["host"]] == (tuple(host["devices"]), tuple(host["local_shape"]))
+
+
+# -- against the shards torch_xla reports -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ids", "names", "spec", "shape"),
+    [
+        (MESH42, ("data", "model"), ts.P("data"), (16, 8)),
+        (MESH42, ("data", "model"), ts.P("data", "model"), (16, 8)),
+        (MESH42, ("data", "model"), ts.P(("data", "model"), None), (16, 3)),
+        (MESH42, ("data", "model"), ts.P(None, "model"), (4, 6, 2)),
+        (np.array([3, 1, 7, 5, 0, 2, 6, 4]).reshape(2, 4), ("x", "y"), ts.P("y", "x"), (8, 4)),
+        (np.arange(8), ("data",), ts.P(), (5,)),
+    ],
+)
+def test_layout_agrees_with_torch_xla_shards_placed_by_torchshard(ids, names, spec, shape):
+    mesh = ts.Mesh(ids, names)
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    with mesh:
+        g = ts.host_to_global_array(x, partition=spec)
+        described = ts.describe_layout(mesh, spec, shape)  # runtime topology: one host
+        shown = ts.visualize_sharding(g, file=io.StringIO(), use_rich=False)
+        assert _ranges(described) == _xla_shards(g) == _ranges(shown)
+    assert shown.num_hosts == described.num_hosts == 1
+    assert {b.host for b in described.blocks} == {0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape"),
+    [(("data", None), (10, 3)), (("data", "model"), (5, 3)), ((("data", "model"),), (5,))],
+)
+def test_layout_agrees_with_torch_xla_on_uneven_mark_sharding(mesh42, spec, shape):
+    t = torch.zeros(shape).to("xla")
+    xs.mark_sharding(t, mesh42.xla_mesh, spec)
+    described = ts.describe_layout(mesh42, spec, shape)
+    assert _ranges(described) == _xla_shards(t)
+    assert _ranges(ts.visualize_sharding(t, file=io.StringIO(), use_rich=False)) == _ranges(
+        described
+    )
+    assert "splits unevenly" in described.to_text()
+
+
+def test_layout_under_virtual_hosts_uses_the_emulated_hosts(mesh42):
+    blocks = [np.full((4, 8), h, np.float32) for h in range(4)]
+    with virtual_hosts(4):
+        described = ts.describe_layout(mesh42, ts.P("data"), (16, 8))
+        assert described == ts.describe_layout(mesh42, ts.P("data"), (16, 8), num_hosts=4)
+        g = host_to_global_array_per_host(blocks, partition=ts.P("data"))
+        shown = ts.visualize_sharding(g, file=io.StringIO(), use_rich=False)
+    assert _ranges(shown) == _ranges(described) == _xla_shards(g)
+    assert [b.host for b in shown.blocks] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_unannotated_tensor_is_whole_on_every_device(mesh8):
+    t = torch.zeros(4, 2).to("xla")
+    layout = ts.visualize_sharding(t, file=io.StringIO(), use_rich=False)
+    assert _ranges(layout) == {d: ((0, 4), (0, 2)) for d in range(8)}
+
+
+# -- drawing ----------------------------------------------------------------------------------
+
+GRID_42 = """\
+P('data', 'model') on Mesh({'data': 4, 'model': 2}): global shape (16, 8), 2 hosts
+
+          0:4        4:8
+      +----------+----------+
+  0:4 | device 0 | device 1 |
+      | host 0   | host 0   |
+      +----------+----------+
+  4:8 | device 2 | device 3 |
+      | host 0   | host 0   |
+      +----------+----------+
+ 8:12 | device 4 | device 5 |
+      | host 1   | host 1   |
+      +----------+----------+
+12:16 | device 6 | device 7 |
+      | host 1   | host 1   |
+      +----------+----------+
+
+host 0: devices 0-3, local block shape (8, 8)
+host 1: devices 4-7, local block shape (8, 8)"""
+
+GRID_1D = """\
+P('data',) on Mesh({'data': 4, 'model': 2}): global shape (8,), 4 hosts
+
+    +-------------+
+0:2 | devices 0,1 |
+    | host 0      |
+    +-------------+
+2:4 | devices 2,3 |
+    | host 1      |
+    +-------------+
+4:6 | devices 4,5 |
+    | host 2      |
+    +-------------+
+6:8 | devices 6,7 |
+    | host 3      |
+    +-------------+
+
+host 0: devices 0,1, local block shape (2,)
+host 1: devices 2,3, local block shape (2,)
+host 2: devices 4,5, local block shape (2,)
+host 3: devices 6,7, local block shape (2,)"""
+
+TABLE_3D = """\
+P(None, None, ('data', 'model')) on Mesh({'data': 4, 'model': 2}): global shape (2, 3, 8), 1 host
+
++-----------------+---------+-------+
+| block           | devices | hosts |
++-----------------+---------+-------+
+| [0:2, 0:3, 0:1] | 0       | 0     |
+| [0:2, 0:3, 1:2] | 1       | 0     |
+| [0:2, 0:3, 2:3] | 2       | 0     |
+| [0:2, 0:3, 3:4] | 3       | 0     |
+| [0:2, 0:3, 4:5] | 4       | 0     |
+| [0:2, 0:3, 5:6] | 5       | 0     |
+| [0:2, 0:3, 6:7] | 6       | 0     |
+| [0:2, 0:3, 7:8] | 7       | 0     |
++-----------------+---------+-------+
+
+host 0: devices 0-7, local block shape (2, 3, 8)"""
+
+
+def test_plain_text_grid_2d():
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    layout = ts.describe_layout(mesh, ts.P("data", "model"), (16, 8), num_hosts=2)
+    assert str(layout) == GRID_42
+    out = io.StringIO()
+    assert ts.visualize_sharding(layout, file=out, use_rich=False) is layout
+    assert out.getvalue() == GRID_42 + "\n"
+
+
+def test_plain_text_grid_1d_and_table_for_rank_3():
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    assert str(ts.describe_layout(mesh, ts.P("data"), (8,), num_hosts=4)) == GRID_1D
+    spec = ts.P(None, None, ("data", "model"))
+    assert str(ts.describe_layout(mesh, spec, (2, 3, 8), num_hosts=1)) == TABLE_3D
+
+
+def test_rich_grid_has_the_labels():
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    layout = ts.describe_layout(mesh, ts.P("data"), (16, 8), num_hosts=2)
+    out = io.StringIO()
+    ts.visualize_sharding(layout, file=out, use_rich=True)
+    text = out.getvalue()
+    for label in ("devices 0,1", "devices 6,7", "host 0", "host 1", "12:16", "0:8", "┌"):
+        assert label in text
+    assert "host 1: devices 4-7, local block shape (8, 8)" in text
+
+
+def test_without_rich_the_default_is_plain_text(monkeypatch):
+    monkeypatch.setitem(sys.modules, "rich", None)
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    layout = ts.describe_layout(mesh, ts.P("data", "model"), (16, 8), num_hosts=2)
+    out = io.StringIO()
+    ts.visualize_sharding(layout, file=out)
+    assert out.getvalue() == GRID_42 + "\n"
+    with pytest.raises(MissingDependencyError, match=re.escape("pip install 'torchshard[pretty]'")):
+        ts.visualize_sharding(layout, file=out, use_rich=True)
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape"), [(ts.P("data", "model"), (16, 8)), (ts.P("data"), (8,)), (ts.P(), (2, 3, 4))]
+)
+def test_save_png_writes_a_png(tmp_path, spec, shape):
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    path = tmp_path / "layout.png"
+    ts.describe_layout(mesh, spec, shape, num_hosts=2).save_png(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_save_png_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    layout = ts.describe_layout(ts.Mesh(np.arange(8), ("data",)), ts.P("data"), (8,), num_hosts=1)
+    with pytest.raises(
+        MissingDependencyError,
+        match=re.escape(
+            "ShardingLayout.save_png needs matplotlib, which is not installed; install the "
+            "optional extra with `pip install 'torchshard[plot]'` (or `pip install matplotlib`)."
+        ),
+    ):
+        layout.save_png(str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_bad_arguments():
+    mesh = ts.Mesh(MESH42, ("data", "model"))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "num_hosts must be a positive divisor of the mesh's 8 devices, but got 3; each host "
+            "owns an equal, contiguous group of device ids."
+        ),
+    ):
+        ts.describe_layout(mesh, ts.P("data"), (16, 8), num_hosts=3)
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "describe_layout: global_shape must be a sequence of non-negative ints, but got 16."
+        ),
+    ):
+        ts.describe_layout(mesh, ts.P("data"), 16)
+    with pytest.raises(
+        TypeError, match=re.escape("describe_layout: mesh must be a torchshard.Mesh")
+    ):
+        ts.describe_layout(MESH42, ts.P("data"), (16, 8))
+    with pytest.raises(ts.ShardingError, match=re.escape("names mesh axis 'batch'")):
+        ts.describe_layout(mesh, ts.P("batch"), (16, 8), num_hosts=1)
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "visualize_sharding: expected a global (XLA) tensor or a ShardingLayout, but got "
+            "ndarray."
+        ),
+    ):
+        ts.visualize_sharding(np.zeros(3))

@@ -1,0 +1,243 @@
+"""The torchshard pytest plugin: CPU-emulated SPMD devices, mesh fixtures, per-count runs.
+
+Registered through the ``pytest11`` entry point (name ``torchshard``), so installing torchshard
+is enough; ``-p no:torchshard`` turns it off (for example to run on a real TPU).
+
+- ``--spmd-devices N`` / ini ``spmd_devices = N`` (default 8): the number of CPU-emulated XLA
+  devices. The plugin sets ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES`` and enables SPMD in
+  ``pytest_load_initial_conftests``, which pytest calls for entry-point plugins *before* it
+  imports any conftest file, so a conftest may import torch_xla freely. If torch_xla's runtime
+  already started with another count (another plugin created a device, or pytest runs inside a
+  process that did), the run stops with a usage error that says so.
+- Fixtures: ``spmd_devices`` (the count), ``make_mesh(shape, axis_names)`` (creates a mesh and
+  enters it until the test ends), ``virtual_hosts(n)`` (enters the multi-host emulation until
+  the test ends).
+- ``@pytest.mark.spmd(devices=[4, 8])``: one test item per count (ids ``spmd4``, ``spmd8``).
+  The count is fixed per process, so an item whose count differs from this process's runs in a
+  child pytest process started with that count; the item matching this process runs directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from torchshard._mesh import Mesh
+    from torchshard._topology import Topology
+
+DEFAULT_DEVICES = 8
+PARAM = "_torchshard_spmd_devices"  # the hidden parameter of @pytest.mark.spmd items
+_COUNT = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("torchshard", "torchshard: CPU-emulated SPMD devices")
+    group.addoption(
+        "--spmd-devices",
+        dest="spmd_devices",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"number of CPU-emulated XLA devices (default: ini spmd_devices, else "
+        f"{DEFAULT_DEVICES}); fixed for the whole process",
+    )
+    group.addoption("--spmd-report", dest="spmd_report", default=None, help=argparse.SUPPRESS)
+    help_ = f"number of CPU-emulated XLA devices (default {DEFAULT_DEVICES})"
+    if pytest.version_tuple >= (8, 4):  # int ini options (so TOML may say spmd_devices = 8)
+        parser.addini("spmd_devices", help_, type="int", default=DEFAULT_DEVICES)
+    else:
+        parser.addini("spmd_devices", help_, default=str(DEFAULT_DEVICES))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    # Runs before the first conftest is imported (entry-point and -p plugins only).
+    _setup(early_config, early_config.known_args_namespace)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "spmd(devices=[4, 8]): run the test once per emulated device count, each in a process "
+        "with that count (torchshard plugin)",
+    )
+    # Already done unless the plugin was loaded late (then conftests may have used torch_xla).
+    _setup(config, config.option)
+    if config.option.spmd_report:
+        from torchshard.testing._spmd_child import ChildReportWriter
+
+        config.pluginmanager.register(
+            ChildReportWriter(config.option.spmd_report), "torchshard-spmd-report"
+        )
+
+
+def _configured_count(config: pytest.Config, options: Any) -> int:
+    value = getattr(options, "spmd_devices", None)
+    where = "--spmd-devices"
+    if value is None:
+        where = "ini option spmd_devices"
+        try:
+            value = config.getini("spmd_devices")
+        except ValueError as e:  # pytest's own coercion of the ini text to an int
+            raise pytest.UsageError(
+                f"torchshard: {where} must be a positive device count ({e})."
+            ) from None
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise pytest.UsageError(
+            f"torchshard: {where} must be a positive device count, but got {value!r}."
+        )
+    return count
+
+
+def _setup(config: pytest.Config, options: Any) -> None:
+    if _COUNT in config.stash:
+        return
+    count = _configured_count(config, options)
+    from torchshard._env import EmulationError, setup_cpu_emulation
+
+    try:
+        setup_cpu_emulation(count, force=True)
+    except EmulationError as e:
+        raise pytest.UsageError(
+            f"torchshard pytest plugin: {e}\nSomething started torch_xla before the plugin "
+            "could configure it: another plugin, or the process that runs pytest (pytester's "
+            "in-process runs included; use runpytest_subprocess). Set --spmd-devices (or the "
+            "ini option spmd_devices) to the runtime's count, or run tests that need other "
+            "counts with @pytest.mark.spmd(devices=[...])."
+        ) from None
+    config.stash[_COUNT] = count
+
+
+def _verify(config: pytest.Config, when: str) -> None:
+    """Conftests and test modules may not change the count behind the plugin's back."""
+    import os
+
+    from torchshard._env import runtime_devices, runtime_started
+
+    count = config.stash[_COUNT]
+    env = (os.environ.get("PJRT_DEVICE"), os.environ.get("CPU_NUM_DEVICES"))
+    if env != ("CPU", str(count)):
+        raise pytest.UsageError(
+            f"torchshard pytest plugin: {when}, PJRT_DEVICE={env[0]} and CPU_NUM_DEVICES={env[1]}"
+            f", but the plugin set CPU and {count}: a conftest or test module changed them. The "
+            "plugin owns the emulated device count: set --spmd-devices or the ini option "
+            "spmd_devices instead, and use @pytest.mark.spmd(devices=[...]) for other counts."
+        )
+    if runtime_started() and runtime_devices() != ("CPU", count):
+        kind, actual = runtime_devices()
+        raise pytest.UsageError(
+            f"torchshard pytest plugin: {when}, torch_xla's runtime has {actual} {kind} "
+            f"device(s), but the plugin configured {count} CPU devices."
+        )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _verify(session.config, "after loading the conftest files")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _verify(session.config, "after collecting the tests")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"torchshard: {config.stash[_COUNT]} CPU-emulated SPMD devices"
+
+
+# -- @pytest.mark.spmd --------------------------------------------------------------------
+
+
+def _marker_counts(marker: pytest.Mark) -> list[int]:
+    if "devices" in marker.kwargs:
+        devices = marker.kwargs["devices"]
+    elif len(marker.args) == 1:
+        devices = marker.args[0]
+    else:
+        devices = None
+    counts = [devices] if isinstance(devices, int) else devices
+    ok = (
+        isinstance(counts, (list, tuple))
+        and counts
+        and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in counts)
+        and len(set(counts)) == len(counts)
+    )
+    if not ok:
+        pytest.fail(
+            "@pytest.mark.spmd: devices must be a positive device count or a list of distinct "
+            f"ones, e.g. @pytest.mark.spmd(devices=[4, 8]), but got args={marker.args!r} "
+            f"kwargs={marker.kwargs!r}.",
+            pytrace=False,
+        )
+    return list(counts)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("spmd")
+    if marker is None:
+        return
+    counts = _marker_counts(marker)
+    metafunc.fixturenames.append(PARAM)
+    metafunc.parametrize(PARAM, counts, ids=[f"spmd{n}" for n in counts])
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection, which needs the original items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    count = config.stash[_COUNT]
+    for i, item in enumerate(items):
+        callspec = getattr(item, "callspec", None)
+        wanted = callspec.params.get(PARAM) if callspec is not None else None
+        if wanted is not None and wanted != count:
+            from torchshard.testing._spmd_child import ChildRun
+
+            items[i] = ChildRun.from_item(item, wanted, count)
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spmd_devices(pytestconfig: pytest.Config) -> int:
+    """The number of CPU-emulated devices of this test process."""
+    return pytestconfig.stash[_COUNT]
+
+
+@pytest.fixture
+def make_mesh() -> Iterator[Callable[..., Mesh]]:
+    """A factory: ``make_mesh(shape, axis_names, *, devices=None)`` creates a mesh with
+    ``torchshard.create_device_mesh`` and enters it; the test leaves it when it ends.
+
+    Example:
+        >>> def test_rows(make_mesh):
+        ...     mesh = make_mesh((4, 2), ("data", "model"))
+        ...     assert torchshard.current_mesh() is mesh
+    """
+    from torchshard._mesh_build import create_device_mesh
+
+    with contextlib.ExitStack() as stack:
+
+        def make(shape: Any, axis_names: Any, *, devices: Any = None) -> Mesh:
+            return stack.enter_context(create_device_mesh(shape, axis_names, devices=devices))
+
+        yield make
+
+
+@pytest.fixture
+def virtual_hosts() -> Iterator[Callable[..., Topology]]:
+    """A factory: ``virtual_hosts(num_hosts, *, process_index=0)`` enters
+    ``torchshard.testing.virtual_hosts`` until the test ends and returns its ``Topology``."""
+    from torchshard.testing._virtual import virtual_hosts as emulate
+
+    with contextlib.ExitStack() as stack:
+
+        def enter(num_hosts: int, *, process_index: int = 0) -> Topology:
+            return stack.enter_context(emulate(num_hosts, process_index=process_index))
+
+        yield enter
