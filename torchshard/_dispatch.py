@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from torchshard._backend import backend_of
 from torchshard._constraint import maybe_shard
 from torchshard._deprecation import warn_once
 from torchshard._errors import ShardingError
@@ -111,10 +112,12 @@ def _dispatch_dict(
             )
     if physical is None:
         return rest
-    index = to_indices(key, key_path(where), physical)
+    # The key's backend gives its whole value for the index maths (torch_xla: the key itself,
+    # traced; DTensor: a plain tensor, the same on every rank), each leaf's backend the gather.
+    index = to_indices(backend_of(key).full_local(key), key_path(where), physical)
     out = []
     for leaf in leaves:
-        selected = leaf.index_select(0, index.to(leaf.device))
+        selected = backend_of(leaf).take_rows(leaf, index)
         out.append(maybe_shard(selected, out_spec))
     return unflatten(treespec, out)
 
