@@ -421,3 +421,45 @@ def reference_loader_training(
         losses.append(loss.detach().item())
         seen.append(batch["example_index"])
     return {"losses": losses, "examples": seen, "weight": model[0].weight.detach().clone()}
+
+
+# -- Backend.take_rows on other layouts ------------------------------------------------------
+
+
+def take_rows_layouts() -> dict[str, Any]:
+    """``take_rows`` on a (2, world / 2) mesh for every kind of placement of the rows: dim 0
+    split over one or both axes, not split (replicated, or dim 1 split), ``Partial`` (summed
+    first); an uneven logical batch; and gradients back to the split input."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from torchshard._backend import get_backend
+
+    world = dist.get_world_size()
+    mesh = _mesh(np.arange(world).reshape(2, world // 2), ("data", "model"))
+    dm = mesh.native
+    backend = get_backend(mesh)
+    g = global_value((4 * world, 4), "float64")
+    index = torch.tensor([5, 0, 4 * world - 1, 3, 2 * world, 1, 7])  # 7 rows: uneven
+    layouts = {
+        "rows_data": [Shard(0), Replicate()],
+        "rows_both": [Shard(0), Shard(0)],
+        "rows_data_cols_model": [Shard(0), Shard(1)],
+        "cols_model": [Replicate(), Shard(1)],
+        "replicated": [Replicate(), Replicate()],
+    }
+    out: dict[str, Any] = {"expected": g[index]}
+    for name, placements in layouts.items():
+        x = DTensor.from_local(g, dm, [Replicate(), Replicate()]).redistribute(dm, placements)
+        y = backend.take_rows(x, index)
+        out[name] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}
+    partial = DTensor.from_local(g / world, dm, [Partial(), Partial()], run_check=False)
+    y = backend.take_rows(partial, index)
+    out["partial"] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}
+    leaf = g.clone().requires_grad_()
+    x = DTensor.from_local(leaf, dm, [Replicate(), Replicate()]).redistribute(
+        dm, [Shard(0), Shard(0)]
+    )
+    (backend.take_rows(x, index) ** 2).sum().full_tensor().backward()
+    out["grad"] = leaf.grad.clone()
+    return out

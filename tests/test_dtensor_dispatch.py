@@ -370,6 +370,33 @@ def test_spmd_input_dispatcher_on_a_dtensor_mesh(pools):
         )
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_take_rows_on_every_layout_of_the_rows(pools, world):
+    """The gather keeps the input's placements (Partial inputs are summed first, giving
+    Replicate), takes the right rows for an uneven logical batch (7 rows), and sends gradients
+    back to the rows it took (summed where a row is taken twice: row 7 on 2 processes)."""
+    for r in pools(world).run(CASES + "take_rows_layouts"):
+        expected = r["expected"]
+        placements = {
+            "rows_data": ["S(0)", "R"],
+            "rows_both": ["S(0)", "S(0)"],
+            "rows_data_cols_model": ["S(0)", "S(1)"],
+            "cols_model": ["R", "S(1)"],
+            "replicated": ["R", "R"],
+            "partial": ["R", "R"],
+        }
+        for name, p in placements.items():
+            assert r[name]["placements"] == p, name
+            if name == "partial":  # g / world summed over the ranks: equal up to rounding
+                torch.testing.assert_close(r[name]["full"], expected)
+            else:
+                assert torch.equal(r[name]["full"], expected), name
+        g = dcases.global_value((4 * world, 4), "float64")
+        index = torch.tensor([5, 0, 4 * world - 1, 3, 2 * world, 1, 7])
+        grad = torch.zeros_like(g).index_add(0, index, 2 * g[index])  # d sum(x[i]^2) / dx
+        torch.testing.assert_close(r["grad"], grad)
+
+
 # -- training ------------------------------------------------------------------------------------
 
 # (world, global logical, global physical, logical feed indices)

@@ -5,6 +5,10 @@ A dict holding ``PHYSICAL_TO_LOGICAL_DISPATCH_KEY`` says which physical rows of 
 form the logical batch. The key is turned into gather indices ``p(l)`` inside the step and every
 other leaf of that dict becomes ``x.index_select(0, p)``: ``out[l] = x[p(l)]``. That moves
 ``L`` rows, where axlearn's ``einsum("p...,pl->l...")`` multiplies by a ``P x L`` one-hot matrix.
+The key's backend gives the key's whole value for the index maths (``Backend.full_local``:
+torch_xla traces it; DTensor, which has no ``argmax`` rule and refuses plain tensors next to
+DTensors, all-gathers the small key) and each leaf's backend does the gather
+(``Backend.take_rows``), so this module works alike on both.
 
 Key forms (``P``: physical rows, ``L``: logical rows):
 

@@ -5,9 +5,12 @@ process's block of a leaf is exactly its device's shard. ``make_global`` wraps a
 block with ``DTensor.from_local`` and an explicit global ``shape`` and contiguous ``stride``;
 no collective runs. Placements come from the spec: ``Shard(d)`` on every mesh axis that splits
 dim ``d``, ``Replicate()`` on the others. Reading back uses ``to_local()`` with DTensor's own
-offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``.
+offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``. In-step
+dispatch gets the key's whole value with ``full_tensor()`` and gathers rows with a masked local
+copy summed over the ranks (``take_rows``).
 
-This module is imported only when a mesh names the ``"dtensor"`` backend. The private torch
+This module is imported only when a mesh names the ``"dtensor"`` backend, the default process
+group makes it the default backend, or the dispatch code meets a DTensor. The private torch
 functions it calls are each wrapped in one small function, with the version they were checked
 on (torch 2.9.0).
 """

@@ -11,4 +11,5 @@ BENCHES: dict[str, str] = {
     "g2h": "torchshard._bench.g2h",
     "dispatch": "torchshard._bench.dispatch",
     "dtensor": "torchshard._bench.dtensor",
+    "dtensor_dispatch": "torchshard._bench.dtensor_dispatch",
 }
