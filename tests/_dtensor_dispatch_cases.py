@@ -121,6 +121,13 @@ def constraints() -> dict[str, Any]:
             out["keep_axis_taken"] = _seen(ts.maybe_shard(cols, (UNCONSTRAINED, "data")))
             swapped = ts.with_sharding_constraint(rep, ts.P("model", "data"))  # [S(1), S(0)]
             out["keep_dim0"] = _seen(ts.maybe_shard(swapped, (UNCONSTRAINED, None)))
+        with records, _mesh(np.arange(4), ("data",)):
+            on_1d = ts.host_to_global_array(g, partition=ts.P())
+        with records, _mesh(np.arange(4).reshape(2, 2), ("data", "model")):
+            out["strict_other_mesh"] = _catch(
+                lambda: ts.with_sharding_constraint({"x": on_1d}, ts.P("data"))
+            )
+            out["maybe_other_mesh_same"] = ts.maybe_shard(on_1d, ts.P("data")) is on_1d
             out["log_2d"] = list(records.messages)
     return out
 
@@ -453,6 +460,17 @@ def take_rows_layouts() -> dict[str, Any]:
         x = DTensor.from_local(g, dm, [Replicate(), Replicate()]).redistribute(dm, placements)
         y = backend.take_rows(x, index)
         out[name] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}
+    short = g[: world - 1]  # split over every rank, the last holds no row
+    x = DTensor.from_local(short, dm, [Replicate(), Replicate()]).redistribute(
+        dm, [Shard(0), Shard(0)]
+    )
+    y = backend.take_rows(x, torch.tensor([world - 2, 0, world - 2]))
+    out["short"] = {
+        "held": x.to_local().shape[0],
+        "placements": [str(p) for p in y.placements],
+        "full": y.full_tensor(),
+        "expected": short[[world - 2, 0, world - 2]],
+    }
     partial = DTensor.from_local(g / world, dm, [Partial(), Partial()], run_check=False)
     y = backend.take_rows(partial, index)
     out["partial"] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}

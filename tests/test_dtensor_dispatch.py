@@ -110,9 +110,9 @@ _ORDER = (
 
 
 def test_constraints_on_a_2d_mesh(pools):
-    """A tuple of axes DTensor cannot express: strict raises (naming the leaf), maybe_shard
-    leaves the tensor and logs. ``UNCONSTRAINED`` dims keep the mesh axes that split them
-    unless the spec takes those axes for another dim."""
+    """A tuple of axes DTensor cannot express, or a DTensor of another DeviceMesh: strict
+    raises (naming the leaf), maybe_shard leaves the tensor and logs. ``UNCONSTRAINED`` dims
+    keep the mesh axes that split them unless the spec takes those axes for another dim."""
     g = dcases.global_value((8, 8), "float32")
     for rank, r in enumerate(pools(4).run(CASES + "constraints")):
         i, j = divmod(rank, 2)
@@ -120,7 +120,18 @@ def test_constraints_on_a_2d_mesh(pools):
         assert torch.equal(r["both"]["local"], g[2 * rank : 2 * rank + 2])
         assert r["strict_order"] == f"ShardingError: x['x']: {_ORDER}"
         assert r["maybe_order_same"]
-        assert r["log_2d"] == [f"maybe_shard: left a tensor of shape (8, 8) as it is: {_ORDER}"]
+        other = (
+            "the DTensor lives on a DeviceMesh of ranks [0, 1, 2, 3] (axes ('data',)), not on "
+            "the current mesh Mesh({'data': 2, 'model': 2}) (ranks [[0, 1], [2, 3]]); constrain "
+            "it inside `with Mesh.from_device_mesh(x.device_mesh):`, or make it on the current "
+            "mesh."
+        )
+        assert r["strict_other_mesh"] == f"ShardingError: x['x']: {other}"
+        assert r["maybe_other_mesh_same"]
+        assert r["log_2d"] == [
+            f"maybe_shard: left a tensor of shape (8, 8) as it is: {_ORDER}",
+            f"maybe_shard: left a tensor of shape (8, 8) as it is: {other}",
+        ]
         # [R, S(1)] + ("data", UNCONSTRAINED): dim 1 keeps "model".
         assert r["keep_dim1"]["placements"] == ["S(0)", "S(1)"]
         assert torch.equal(r["keep_dim1"]["local"], g[4 * i : 4 * i + 4, 4 * j : 4 * j + 4])
@@ -373,9 +384,12 @@ def test_spmd_input_dispatcher_on_a_dtensor_mesh(pools):
 @pytest.mark.parametrize("world", [2, 4])
 def test_take_rows_on_every_layout_of_the_rows(pools, world):
     """The gather keeps the input's placements (Partial inputs are summed first, giving
-    Replicate), takes the right rows for an uneven logical batch (7 rows), and sends gradients
+    Replicate), takes the right rows for an uneven logical batch (7 rows) and from an uneven
+    input where the last rank holds no row, and sends gradients
     back to the rows it took (summed where a row is taken twice: row 7 on 2 processes)."""
-    for r in pools(world).run(CASES + "take_rows_layouts"):
+    results = pools(world).run(CASES + "take_rows_layouts")
+    assert [r["short"]["held"] for r in results][-1] == 0  # a rank without rows
+    for r in results:
         expected = r["expected"]
         placements = {
             "rows_data": ["S(0)", "R"],
@@ -391,6 +405,8 @@ def test_take_rows_on_every_layout_of_the_rows(pools, world):
                 torch.testing.assert_close(r[name]["full"], expected)
             else:
                 assert torch.equal(r[name]["full"], expected), name
+        assert r["short"]["placements"] == ["S(0)", "S(0)"]
+        assert torch.equal(r["short"]["full"], r["short"]["expected"])
         g = dcases.global_value((4 * world, 4), "float64")
         index = torch.tensor([5, 0, 4 * world - 1, 3, 2 * world, 1, 7])
         grad = torch.zeros_like(g).index_add(0, index, 2 * g[index])  # d sum(x[i]^2) / dx

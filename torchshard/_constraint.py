@@ -126,10 +126,12 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
         except ShardingError as e:
             raise type(e)(at(where[i], str(e))) from None
         plan.append(axes)
-    out = [
-        leaf if axes is None else backend.annotate(leaf, mesh, axes)
-        for leaf, axes in zip(leaves, plan, strict=True)
-    ]
+    out = []
+    for i, (leaf, axes) in enumerate(zip(leaves, plan, strict=True)):
+        try:
+            out.append(leaf if axes is None else backend.annotate(leaf, mesh, axes))
+        except ShardingError as e:  # e.g. a DTensor of another DeviceMesh
+            raise type(e)(at(where[i], str(e))) from None
     return unflatten(treespec, out)
 
 

@@ -273,7 +273,7 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
     tensor on every rank.
 
     DTensor's own ``index_select`` all-gathers ``x`` (padding rows included) to every rank.
-    Here each rank copies the rows it holds into an ``[L, ...]`` tensor that is zero elsewhere
+    Here each rank gathers the rows it holds into an ``[L, ...]`` tensor that is zero elsewhere
     and the sum over the ranks that split dim 0 (a ``Partial`` reduced by ``redistribute``:
     reduce-scatter) moves only logical rows, as XLA partitions the same gather. Each row has
     exactly one contributor, so the sum is exact: floats are filled with ``-0.0`` (``v + -0.0
@@ -296,14 +296,16 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
             shape=torch.Size(shape),
             stride=_contiguous_stride(shape),
         )
-    start = _local_offset(x)[1][0]
-    mine = (index >= start) & (index < start + local.shape[0])
-    rows = torch.nonzero(mine).reshape(-1)
-    picked = local.index_select(0, index.index_select(0, rows) - start)
+    start, held = _local_offset(x)[1][0], local.shape[0]
     dtype = _SUM_CASTS.get(local.dtype, local.dtype)
-    fill = -0.0 if (dtype.is_floating_point or dtype.is_complex) else 0
-    summands = torch.full((shape[0], *local.shape[1:]), fill, dtype=dtype, device=local.device)
-    summands = summands.index_copy(0, rows, picked.to(dtype))
+    fill = torch.full((), -0.0 if dtype.is_floating_point or dtype.is_complex else 0, dtype=dtype)
+    fill = fill.to(local.device)
+    if held:  # no nonzero(): on CUDA it would wait for the device
+        mine = (index >= start) & (index < start + held)
+        picked = local.index_select(0, (index - start).clamp(0, held - 1)).to(dtype)
+        summands = torch.where(mine.view(-1, *[1] * (local.dim() - 1)), picked, fill)
+    else:  # an uneven split left this rank no rows
+        summands = fill.expand(shape[0], *local.shape[1:]).clone()
     view = _SUM_VIEWS.get(dtype)
     if view is not None:
         summands = summands.view(view)
@@ -405,10 +407,13 @@ class DTensorBackend:
                 f"{mesh!r}."
             )
         target = placements(mesh, axes)
-        if not np.array_equal(x.device_mesh.mesh.cpu().numpy(), mesh.devices):
+        ranks = x.device_mesh.mesh.cpu().numpy()
+        if not np.array_equal(ranks, mesh.devices):
             raise ShardingError(
-                f"the DTensor lives on {x.device_mesh}, whose ranks are not those of the "
-                f"current mesh {mesh!r}; constrain it inside `with` its own mesh."
+                f"the DTensor lives on a DeviceMesh of ranks {ranks.tolist()} (axes "
+                f"{x.device_mesh.mesh_dim_names}), not on the current mesh {mesh!r} (ranks "
+                f"{mesh.devices.tolist()}); constrain it inside `with "
+                "Mesh.from_device_mesh(x.device_mesh):`, or make it on the current mesh."
             )
         current = tuple(x.placements)
         if keep:
