@@ -3,8 +3,9 @@
 ``WorkerPool(n)`` starts ``n`` fresh interpreters running this file. They do not load
 ``conftest.py`` (so never torch_xla): each initialises torch.distributed's default process
 group over gloo on 127.0.0.1, then runs the cases the test process sends it, one at a time and
-in lockstep with the others (a case is a function of ``tests/_dtensor_cases.py``, which all
-ranks call together). ``pool.run("case", **kwargs)`` returns one result per rank.
+in lockstep with the others (a case is a function of ``tests/_dtensor_cases.py``, or of
+another module of ``tests/`` named as ``"module:function"``, which all ranks call together).
+``pool.run("case", **kwargs)`` returns one result per rank.
 
 Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``), and the test
 process gives each case ``timeout`` seconds; a worker that does not answer in time, or dies,
@@ -188,7 +189,9 @@ def _worker_main() -> None:
             break
         name, kwargs = msg
         try:
-            result = ("ok", getattr(cases, name)(**kwargs))
+            module, _, fn = name.rpartition(":")
+            case = getattr(importlib.import_module(module) if module else cases, fn)
+            result = ("ok", case(**kwargs))
         except BaseException:  # noqa: BLE001 -- a process boundary: report, keep serving
             result = ("error", traceback.format_exc())
         out.send_bytes(pickle.dumps(result))

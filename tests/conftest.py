@@ -43,3 +43,14 @@ def fresh_deprecations():
     _deprecation.reset()
     yield
     _deprecation.reset()
+
+
+@pytest.fixture(scope="session")
+def pools():
+    """Pools of real gloo worker processes (``tests/_multiproc.py``), one per world size,
+    started on first use and shared by every test module, stopped at the end of the session."""
+    from _multiproc import Pools
+
+    p = Pools()
+    yield p
+    p.close()

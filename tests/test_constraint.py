@@ -210,6 +210,18 @@ def test_maybe_shard_plain_sequence(mesh42):
     assert_sharded_as(ts.maybe_shard(x, "model"), mesh42, P("model"))
 
 
+def test_maybe_shard_empty_spec_replicates(mesh42, caplog):
+    """P() has no UNCONSTRAINED entry: it asks for replication, as in with_sharding_constraint
+    (it used to count as "all UNCONSTRAINED" and return the tensor as it was)."""
+    x = _global(mesh42, _rows())
+    with caplog.at_level(logging.DEBUG, logger="torchshard"):
+        y = ts.maybe_shard(x, P())
+    assert y is not x
+    assert_sharded_as(y, mesh42, P())
+    assert torch.equal(ts.replicate_to_local_data(y), torch.from_numpy(_rows()))
+    assert caplog.records == []
+
+
 def test_maybe_shard_all_unconstrained_is_nothing_to_do(mesh42, caplog):
     x = _global(mesh42, _rows())
     with caplog.at_level(logging.DEBUG, logger="torchshard"):

@@ -18,7 +18,6 @@ import _dtensor_cases as cases
 import numpy as np
 import pytest
 import torch
-from _multiproc import Pools
 
 import torchshard as ts
 from torchshard.testing import host_to_global_array_per_host, virtual_hosts
@@ -56,14 +55,6 @@ def _case_id(case: tuple) -> str:
     world, grid, _names, spec, shape, dtype = case
     spec_s = "FULL" if spec is None else "P(" + ",".join(map(str, spec)) + ")"
     return f"{world}p-{np.asarray(grid).tolist()}-{spec_s}-{list(shape)}-{dtype}".replace(" ", "")
-
-
-@pytest.fixture(scope="module")
-def pools():
-    """Worker pools of 2 and 4 processes, started on first use, stopped after the module."""
-    p = Pools()
-    yield p
-    p.close()
 
 
 _ROUNDTRIPS: dict[str, list] = {}

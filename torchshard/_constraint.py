@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchshard._backend import get_backend
-from torchshard._errors import ShardingError
+from torchshard._errors import ShardingError, at
 from torchshard._index import dim_axes
 from torchshard._mesh import Mesh, current_mesh
 from torchshard._spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
@@ -120,11 +120,18 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
                 f"backend (inside a step), but got {_describe(leaf)}. Move host data with "
                 "host_to_global_array first."
             )
-        plan.append(dim_axes(mesh, s, leaf.dim(), where=where[i]))
-    out = [
-        leaf if axes is None else backend.annotate(leaf, mesh, axes)
-        for leaf, axes in zip(leaves, plan, strict=True)
-    ]
+        axes = dim_axes(mesh, s, leaf.dim(), where=where[i])
+        try:
+            backend.check_layout(mesh, axes)
+        except ShardingError as e:
+            raise type(e)(at(where[i], str(e))) from None
+        plan.append(axes)
+    out = []
+    for i, (leaf, axes) in enumerate(zip(leaves, plan, strict=True)):
+        try:
+            out.append(leaf if axes is None else backend.annotate(leaf, mesh, axes))
+        except ShardingError as e:  # e.g. a DTensor of another DeviceMesh
+            raise type(e)(at(where[i], str(e))) from None
     return unflatten(treespec, out)
 
 
@@ -133,10 +140,13 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
 
     A leaf the annotation cannot apply to is left as it is, and the reason is logged once at
     debug level (logger ``"torchshard"``): a spec longer than the leaf's rank, an axis not in
-    the mesh, a leaf that is not a tensor of the mesh's backend, or ``UNCONSTRAINED`` entries
-    mixed with constrained ones (torch_xla's shardings cannot leave single dimensions to the
-    compiler). A spec whose entries are all ``UNCONSTRAINED`` asks for nothing and returns the
-    leaf unchanged.
+    the mesh, a leaf that is not a tensor of the mesh's backend, a sharding the backend cannot
+    express (DTensor: a tuple of axes out of mesh order), or, on torch_xla, ``UNCONSTRAINED``
+    entries mixed with constrained ones (its shardings cannot leave single dimensions to the
+    compiler). On DTensor an ``UNCONSTRAINED`` dimension keeps the placements it has (the mesh
+    axes that split it stay, unless the spec uses them for another dimension). A spec whose
+    entries are all ``UNCONSTRAINED`` asks for nothing and returns the leaf unchanged; an empty
+    spec ``P()`` replicates, as in ``with_sharding_constraint``.
 
     Args:
         x: a tensor or a tree of them.
@@ -172,22 +182,26 @@ def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) ->
             f"{backend.name} backend."
         )
         return leaf
-    unconstrained = [e is UNCONSTRAINED for e in spec]
-    if all(unconstrained):
+    keep = frozenset(i for i, e in enumerate(spec) if e is UNCONSTRAINED)
+    if spec and len(keep) == len(spec):
         return leaf
-    if any(unconstrained):
+    if keep and not backend.keeps_unconstrained_dims:
         _debug_once(
             f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {spec!r} mixes "
             f"UNCONSTRAINED with constrained dimensions, which the {backend.name} backend "
             "cannot express."
         )
         return leaf
+    if keep:
+        spec = PartitionSpec(*(None if i in keep else e for i, e in enumerate(spec)))
     try:
         axes = dim_axes(mesh, spec, leaf.dim())
+        # Validation only raises, the same way on every process, before anything moves.
+        backend.check_layout(mesh, axes)
+        return backend.annotate(leaf, mesh, axes, keep=keep)
     except ShardingError as e:
         _debug_once(f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {e}")
         return leaf
-    return backend.annotate(leaf, mesh, axes)
 
 
 def _describe(x: Any) -> str:

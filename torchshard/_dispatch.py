@@ -5,6 +5,10 @@ A dict holding ``PHYSICAL_TO_LOGICAL_DISPATCH_KEY`` says which physical rows of 
 form the logical batch. The key is turned into gather indices ``p(l)`` inside the step and every
 other leaf of that dict becomes ``x.index_select(0, p)``: ``out[l] = x[p(l)]``. That moves
 ``L`` rows, where axlearn's ``einsum("p...,pl->l...")`` multiplies by a ``P x L`` one-hot matrix.
+The key's backend gives the key's whole value for the index maths (``Backend.full_local``:
+torch_xla traces it; DTensor, which has no ``argmax`` rule and refuses plain tensors next to
+DTensors, all-gathers the small key) and each leaf's backend does the gather
+(``Backend.take_rows``), so this module works alike on both.
 
 Key forms (``P``: physical rows, ``L``: logical rows):
 
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchshard._backend import backend_of
 from torchshard._constraint import maybe_shard
 from torchshard._deprecation import warn_once
 from torchshard._errors import ShardingError
@@ -111,10 +116,12 @@ def _dispatch_dict(
             )
     if physical is None:
         return rest
-    index = to_indices(key, key_path(where), physical)
+    # The key's backend gives its whole value for the index maths (torch_xla: the key itself,
+    # traced; DTensor: a plain tensor, the same on every rank), each leaf's backend the gather.
+    index = to_indices(backend_of(key).full_local(key), key_path(where), physical)
     out = []
     for leaf in leaves:
-        selected = leaf.index_select(0, index.to(leaf.device))
+        selected = backend_of(leaf).take_rows(leaf, index)
         out.append(maybe_shard(selected, out_spec))
     return unflatten(treespec, out)
 

@@ -93,14 +93,13 @@ def create_device_mesh(
         >>> create_device_mesh((2, 2), ("data", "model"), backend="dtensor").native
         DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('data', 'model'))
     """
-    from torchshard._topology import Topology, current_topology
+    from torchshard._backend import backend_by_name
+    from torchshard._topology import Topology, current_topology, is_virtual
 
     topology: Topology
-    if backend == "xla":
+    if backend == "xla" and is_virtual():
         topology = current_topology()
-    else:
-        from torchshard._backend import backend_by_name
-
+    else:  # the named backend's devices, whatever the process's default backend is
         topology = backend_by_name(backend).topology()
     ids = (
         np.arange(topology.device_count)

@@ -68,7 +68,8 @@ _OVERRIDE = _Override()
 
 
 def current_topology(mesh: Mesh | None = None) -> Topology:
-    """The emulated topology if one is installed, else the one ``mesh``'s backend reports."""
+    """The emulated topology if one is installed, else the one ``mesh``'s backend reports
+    (without a mesh: the process's default backend, ``_backend.default_backend_name``)."""
     with _OVERRIDE.lock:
         if _OVERRIDE.stack:
             return _OVERRIDE.stack[-1]
@@ -103,12 +104,22 @@ def override_topology(topology: Topology) -> Iterator[Topology]:
 
 
 def process_index() -> int:
-    """This process's index (the emulated one inside ``virtual_hosts``)."""
+    """This process's index (the emulated one inside ``virtual_hosts``).
+
+    Asked of the current mesh's backend; outside any mesh, of the process's default backend:
+    torch_xla when it is imported, else DTensor once torch.distributed's default process group
+    is initialised (the rank), else torch_xla.
+
+    Example:
+        >>> torchshard.process_index()   # rank 1 of a gloo job, no mesh entered
+        1
+    """
     return current_topology(_current_mesh()).process_index
 
 
 def process_count() -> int:
-    """The number of processes (hosts) of the run (emulated inside ``virtual_hosts``)."""
+    """The number of processes (hosts) of the run (emulated inside ``virtual_hosts``); asked
+    of the same backend as ``process_index()``."""
     return current_topology(_current_mesh()).process_count
 
 

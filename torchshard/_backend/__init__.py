@@ -3,13 +3,16 @@
 Everything above this boundary (specs, meshes, index maths, tree handling, validation, global
 shape inference, which host slice goes to which device) is backend-independent. A backend
 supplies the runtime's devices and their owners, builds a global tensor from one host slice per
-local device, reads local shards back with their global index ranges, and annotates in-step
-sharding. ``get_backend(mesh)`` picks the backend named by the mesh (``"xla"`` by default).
+local device, reads local shards back with their global index ranges, annotates in-step
+sharding, and supplies the two primitives of in-step dispatch (``full_local``, ``take_rows``).
+``get_backend(mesh)`` picks the backend named by the mesh; without a mesh, the process's default
+backend (``default_backend_name``).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -34,6 +37,9 @@ class Backend(Protocol):
     """What torchshard needs from a runtime (torch_xla SPMD, torch.distributed DTensor)."""
 
     name: str
+    keeps_unconstrained_dims: bool
+    """Whether ``annotate`` can leave single dimensions as they are (``keep``): DTensor keeps
+    their placements; torch_xla's OpSharding has no unspecified dimensions."""
 
     def topology(self) -> Topology:
         """The devices of the run, their owning processes, and this process's index."""
@@ -73,14 +79,34 @@ class Backend(Protocol):
         """The full value of a global tensor on the host (may run a collective)."""
         ...
 
-    def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
+    def annotate(
+        self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
         """``x`` constrained to the sharding ``axes`` on ``mesh`` inside a step.
 
         Returns a new tensor with ``x``'s value; ``x`` itself (its data, its annotation) is
         left as it was, whatever sharding it already carries. ``axes`` has one entry per
         dimension of ``x`` and has been validated against ``mesh`` by the caller. Callers must
-        use the result (DTensor redistributes into a new tensor).
+        use the result (DTensor redistributes into a new tensor). The dimensions in ``keep``
+        (``maybe_shard``'s ``UNCONSTRAINED`` entries; their ``axes`` are ``()``) keep the
+        sharding ``x`` has, where the backend can say so (``keeps_unconstrained_dims``).
+        Raises ``ShardingError`` for a sharding the backend cannot apply to ``x``.
         """
+        ...
+
+    def full_local(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole value of a small global tensor (a dispatch key), as a tensor that index
+        maths in the step can combine with tensors made by ``torch.arange``/``zeros``.
+
+        torch_xla: ``x`` itself (the maths is traced into the step; the compiler moves what it
+        needs). DTensor: ``full_tensor()``, a plain tensor equal on every rank (an all-gather of
+        the key only). A tensor of no backend is returned as it is.
+        """
+        ...
+
+    def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``out[l] = x[index[l]]`` along dim 0, for a global ``x`` and an ``index`` from
+        ``full_local`` (the same on every process). The result is sharded like ``x``."""
         ...
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
@@ -121,6 +147,34 @@ def backend_by_name(name: str) -> Backend:
         return inst
 
 
+def default_backend_name() -> str:
+    """The backend of a process when no mesh says otherwise (``process_index()`` outside any
+    mesh, ``InputDispatcher``'s defaults, ``infer_mesh_shape``).
+
+    ``"xla"`` when torch_xla is imported (the program runs on it); else ``"dtensor"`` when
+    torch.distributed's default process group is initialised (one process per device); else
+    ``"xla"``, torchshard's default (which imports torch_xla). Decided on every call, so it
+    follows ``init_process_group``; the checks are two dictionary lookups.
+    """
+    if sys.modules.get("torch_xla") is not None:
+        return "xla"
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return "dtensor"
+    return "xla"
+
+
 def get_backend(mesh: Mesh | None = None) -> Backend:
-    """The backend of ``mesh`` (torch_xla when ``mesh`` is None)."""
-    return backend_by_name(mesh.backend if mesh is not None else "xla")
+    """The backend of ``mesh``; without a mesh, the process's default backend."""
+    return backend_by_name(mesh.backend if mesh is not None else default_backend_name())
+
+
+def backend_of(x: Any) -> Backend:
+    """The backend that computes with tensor ``x`` in a step: dtensor for a ``DTensor``, else
+    xla, whose in-step primitives are plain torch ops, right for any other tensor too. Never
+    imports a backend's runtime (a ``DTensor`` exists only once its module is loaded)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(x, dtensor.DTensor):
+        return backend_by_name("dtensor")
+    return backend_by_name("xla")

@@ -5,9 +5,12 @@ process's block of a leaf is exactly its device's shard. ``make_global`` wraps a
 block with ``DTensor.from_local`` and an explicit global ``shape`` and contiguous ``stride``;
 no collective runs. Placements come from the spec: ``Shard(d)`` on every mesh axis that splits
 dim ``d``, ``Replicate()`` on the others. Reading back uses ``to_local()`` with DTensor's own
-offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``.
+offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``. In-step
+dispatch gets the key's whole value with ``full_tensor()`` and gathers rows with a masked local
+copy summed over the ranks (``take_rows``).
 
-This module is imported only when a mesh names the ``"dtensor"`` backend. The private torch
+This module is imported only when a mesh names the ``"dtensor"`` backend, the default process
+group makes it the default backend, or the dispatch code meets a DTensor. The private torch
 functions it calls are each wrapped in one small function, with the version they were checked
 on (torch 2.9.0).
 """
@@ -23,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from torchshard._agreement import agreement_check_enabled, describe, digest, disagreement
 from torchshard._backend import LocalShard
@@ -35,6 +38,10 @@ from torchshard._topology import Topology
 # gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
 _BYTE_VIEWS = {torch.int16: torch.float16}
+# take_rows sums rows that only one rank holds: int16 is summed as int32 (gloo refuses int16),
+# bool as its uint8 bytes (a sum, not gloo's logical or); both are exact.
+_SUM_CASTS = {torch.int16: torch.int32}
+_SUM_VIEWS = {torch.bool: torch.uint8}
 
 
 def require_process_group() -> None:
@@ -245,6 +252,77 @@ def _reinterpret(x: DTensor, dtype: torch.dtype) -> DTensor:
     )
 
 
+def _keeping(
+    mesh: Mesh,
+    axes: DimAxes,
+    keep: frozenset[int],
+    current: tuple[Placement, ...],
+    target: tuple[Placement, ...],
+) -> tuple[Placement, ...]:
+    """``target`` where every mesh axis that the spec leaves free and that splits a kept
+    (``UNCONSTRAINED``) dimension keeps that split. An axis the spec uses goes to the spec."""
+    used = {a for dim in axes for a in dim}
+    return tuple(
+        c if name not in used and type(c) is Shard and c.dim in keep else t
+        for name, c, t in zip(mesh.axis_names, current, target, strict=True)
+    )
+
+
+def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
+    """``out[l] = x[index[l]]`` along dim 0, sharded like ``x``; ``index`` is the same plain
+    tensor on every rank.
+
+    DTensor's own ``index_select`` all-gathers ``x`` (padding rows included) to every rank.
+    Here each rank gathers the rows it holds into an ``[L, ...]`` tensor that is zero elsewhere
+    and the sum over the ranks that split dim 0 (a ``Partial`` reduced by ``redistribute``:
+    reduce-scatter) moves only logical rows, as XLA partitions the same gather. Each row has
+    exactly one contributor, so the sum is exact: floats are filled with ``-0.0`` (``v + -0.0
+    == v`` bit for bit, ``-0.0`` and NaN included), integers with 0. Differentiable.
+    """
+    dm = x.device_mesh
+    x = _without_partial(x)
+    if any(_is_strided(p) and p.dim == 0 for p in x.placements):  # rows not contiguous
+        x = _redistribute(x, dm, [Replicate() if p.is_shard(0) else p for p in x.placements])
+    split = [i for i, p in enumerate(x.placements) if p.is_shard(0)]
+    local = x.to_local()
+    index = index.to(device=local.device, dtype=torch.int64)
+    shape = (index.shape[0], *x.shape[1:])
+    if not split:  # every rank holds all rows: no communication
+        return DTensor.from_local(
+            local.index_select(0, index),
+            dm,
+            x.placements,
+            run_check=False,
+            shape=torch.Size(shape),
+            stride=_contiguous_stride(shape),
+        )
+    start, held = _local_offset(x)[1][0], local.shape[0]
+    dtype = _SUM_CASTS.get(local.dtype, local.dtype)
+    fill = torch.full((), -0.0 if dtype.is_floating_point or dtype.is_complex else 0, dtype=dtype)
+    fill = fill.to(local.device)
+    if held:  # no nonzero(): on CUDA it would wait for the device
+        mine = (index >= start) & (index < start + held)
+        picked = local.index_select(0, (index - start).clamp(0, held - 1)).to(dtype)
+        summands = torch.where(mine.view(-1, *[1] * (local.dim() - 1)), picked, fill)
+    else:  # an uneven split left this rank no rows
+        summands = fill.expand(shape[0], *local.shape[1:]).clone()
+    view = _SUM_VIEWS.get(dtype)
+    if view is not None:
+        summands = summands.view(view)
+    partial = [Partial() if i in split else p for i, p in enumerate(x.placements)]
+    out = DTensor.from_local(
+        summands,
+        dm,
+        partial,
+        run_check=False,
+        shape=torch.Size(shape),
+        stride=_contiguous_stride(shape),
+    ).redistribute(dm, x.placements)
+    if view is not None:
+        return _reinterpret(out, x.dtype)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -253,6 +331,7 @@ class DTensorBackend:
     """torch.distributed DTensor (one process per device, device id = rank)."""
 
     name = "dtensor"
+    keeps_unconstrained_dims = True
 
     def topology(self) -> Topology:
         require_process_group()
@@ -318,7 +397,9 @@ class DTensorBackend:
             return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
         return x.full_tensor().detach().cpu()
 
-    def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
+    def annotate(
+        self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
         if not isinstance(x, DTensor):
             raise TypeError(
                 f"the dtensor backend constrains DTensors, but got {type(x).__name__}; make "
@@ -326,15 +407,36 @@ class DTensorBackend:
                 f"{mesh!r}."
             )
         target = placements(mesh, axes)
-        if not np.array_equal(x.device_mesh.mesh.cpu().numpy(), mesh.devices):
+        ranks = x.device_mesh.mesh.cpu().numpy()
+        if not np.array_equal(ranks, mesh.devices):
             raise ShardingError(
-                f"the DTensor lives on {x.device_mesh}, whose ranks are not those of the "
-                f"current mesh {mesh!r}; constrain it inside `with` its own mesh."
+                f"the DTensor lives on a DeviceMesh of ranks {ranks.tolist()} (axes "
+                f"{x.device_mesh.mesh_dim_names}), not on the current mesh {mesh!r} (ranks "
+                f"{mesh.devices.tolist()}); constrain it inside `with "
+                "Mesh.from_device_mesh(x.device_mesh):`, or make it on the current mesh."
             )
         current = tuple(x.placements)
+        if keep:
+            target = _keeping(mesh, axes, keep, current, target)
         if all(type(a) is type(b) and a == b for a, b in zip(current, target, strict=True)):
             return x
         return _redistribute(x, x.device_mesh, target)
+
+    def full_local(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, DTensor):
+            return x
+        x = _without_partial(x)
+        if all(p.is_replicate() for p in x.placements):
+            return x.to_local()
+        view = _BYTE_VIEWS.get(x.dtype)
+        if view is not None:
+            return _reinterpret(x, view).full_tensor().view(x.dtype)
+        return x.full_tensor()
+
+    def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, DTensor):
+            return x.index_select(0, index.to(x.device))
+        return _take_rows(x, self.full_local(index))
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)

@@ -28,8 +28,16 @@ _DEVICE_RE = re.compile(r"^[A-Za-z_]+:(\d+)$")
 @functools.cache
 def _xla() -> Any:
     """Imports torch_xla and switches it to SPMD mode (idempotent)."""
-    import torch_xla
-    import torch_xla.runtime as xr
+    try:
+        import torch_xla
+        import torch_xla.runtime as xr
+    except ImportError as e:
+        raise ImportError(
+            f"the xla backend needs torch_xla, which cannot be imported ({e}). Install "
+            "torch_xla, or run on torch.distributed DTensor: call "
+            "torch.distributed.init_process_group(...) first and build meshes with "
+            'backend="dtensor" (outside any mesh, torchshard then uses the dtensor backend).'
+        ) from e
 
     with _INIT_LOCK:
         if not xr.is_spmd():
@@ -177,6 +185,7 @@ class XlaBackend:
     """torch_xla SPMD (one process per host, every local device driven by it)."""
 
     name = "xla"
+    keeps_unconstrained_dims = False  # an OpSharding has no unspecified dimensions
 
     def topology(self) -> Topology:
         return _topology()
@@ -237,7 +246,14 @@ class XlaBackend:
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         return x.cpu()
 
-    def annotate(self, x: torch.Tensor, mesh: Mesh, axes: DimAxes) -> torch.Tensor:
+    def annotate(
+        self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
+        if keep:
+            raise ShardingError(
+                "the xla backend cannot leave single dimensions unconstrained: an OpSharding "
+                "has no unspecified dimensions."
+            )
         # A clone is a new lazy tensor over the same IR value (device data stays device data);
         # the custom-sharding node goes on the clone, so `x` keeps its value and annotation and
         # any reshard runs on the devices when the step is compiled. `mark_sharding` would not
@@ -248,6 +264,14 @@ class XlaBackend:
         y = x.clone()
         _annotate_custom_sharding(y, _op_sharding(mesh, axes))
         return y
+
+    def full_local(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # traced into the step: the compiler moves what the index maths needs
+
+    def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        # XLA partitions this gather over a row-split operand itself (a masked local gather
+        # and an all-reduce of the output; docs/design.md). Plain tensors take the same path.
+        return x.index_select(0, index.to(x.device))
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         return None  # an OpSharding expresses every spec torchshard accepts

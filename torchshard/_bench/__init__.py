@@ -13,6 +13,7 @@ BENCHES: dict[str, str] = {
     "g2h": "torchshard._bench.g2h",
     "dispatch": "torchshard._bench.dispatch",
     "dtensor": "torchshard._bench.dtensor",
+    "dtensor_dispatch": "torchshard._bench.dtensor_dispatch",
     "loader": "torchshard._bench.loader",
     "soak": "torchshard._bench.soak",
     "sweep": "torchshard._bench.sweep",

@@ -39,31 +39,7 @@ SAMPLES, MIN_SECONDS, TIMEOUT = 15, 0.03, 900
 def run(report: Report) -> None:
     """Starts the worker processes and records their figures and ratios."""
     report.progress(f"dtensor: {PROCESSES} gloo processes")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "figures.json")
-        env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(PROCESSES))
-        env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out)
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "torchshard._bench.dtensor"], env=dict(env, RANK=str(r))
-            )
-            for r in range(PROCESSES)
-        ]
-        try:
-            codes = [p.wait(timeout=TIMEOUT) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(codes):
-            raise RuntimeError(f"dtensor bench workers exited with {codes}")
-        with open(out) as f:
-            secs = json.load(f)
+    secs = run_gloo_workers("torchshard._bench.dtensor", PROCESSES)
     for case, by_method in secs.items():
         for method, s in by_method.items():
             report.figure(NAME, case, method, s * 1e6, "us/call")
@@ -76,7 +52,37 @@ def run(report: Report) -> None:
     )
 
 
-def _measure(methods: dict[str, Callable[[], Any]]) -> dict[str, float]:
+def run_gloo_workers(module: str, processes: int) -> Any:
+    """Runs ``python -m module`` on ``processes`` fresh interpreters joined over gloo on
+    127.0.0.1 (no torch_xla); returns what rank 0 wrote to ``TORCHSHARD_BENCH_OUT`` (JSON)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "figures.json")
+        env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(processes))
+        env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out)
+        procs = [
+            subprocess.Popen([sys.executable, "-m", module], env=dict(env, RANK=str(r)))
+            for r in range(processes)
+        ]
+        try:
+            codes = [p.wait(timeout=TIMEOUT) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if any(codes):
+            raise RuntimeError(f"{module} workers exited with {codes}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def measure(methods: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Median seconds per call of each method, called in lockstep by every rank (a barrier
+    before each sample; the calls per sample are rank 0's, shared)."""
     import torch.distributed as dist
 
     for fn in methods.values():
@@ -140,7 +146,7 @@ def _worker() -> None:
 
             methods = {"torchshard": checked, "torchshard unchecked": unchecked}
             methods["from_local"] = direct
-            figures[case] = _measure(methods)
+            figures[case] = measure(methods)
     if rank == 0:
         with open(os.environ["TORCHSHARD_BENCH_OUT"], "w") as f:
             json.dump(figures, f)

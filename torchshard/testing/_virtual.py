@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchshard._assemble import DEFAULT_PARTITION, _assemble, _host_blocks
-from torchshard._backend import get_backend
+from torchshard._backend import backend_by_name, get_backend
 from torchshard._errors import ShardingError
 from torchshard._mesh import current_mesh
 from torchshard._topology import Topology, current_topology, is_virtual, override_topology
@@ -44,7 +44,9 @@ def virtual_hosts(num_hosts: int, *, process_index: int = 0) -> Iterator[Topolog
     if is_virtual():
         count = current_topology().device_count
     else:
-        count = get_backend(current_mesh()).topology().device_count
+        # The emulation is of torch_xla hosts: without a mesh, torch_xla's devices.
+        mesh = current_mesh()
+        count = (get_backend(mesh) if mesh else backend_by_name("xla")).topology().device_count
     topo = make_virtual_topology(count, num_hosts, process_index)
     with override_topology(topo):
         yield topo
