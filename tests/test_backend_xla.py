@@ -33,7 +33,9 @@ from torchshard.testing._virtual import assemble_per_host
 
 @pytest.fixture
 def routes(monkeypatch):
-    """Counts the transfers by route: "gil-free" (_xla_tensors_from_aten) or "direct"."""
+    """Counts the transfers by route: "gil-free" (_xla_tensors_from_aten) or "direct"; every
+    size qualifies for the GIL-free route (the tests use small arrays)."""
+    monkeypatch.setattr(backend_xla, "GIL_FREE_MIN_BYTES", 0)
     seen = {"gil-free": 0, "direct": 0}
     gil_free, direct = backend_xla._tensors_from_aten, backend_xla._global_tensor_from_cpu_shards
 
@@ -111,6 +113,14 @@ def test_foreground_transfer_keeps_the_direct_call(mesh8, routes):
         {"x": np.zeros((8, 2)), "s": np.float32(1)}, partition={"x": ts.P("data"), "s": ts.P()}
     )
     assert routes == {"gil-free": 0, "direct": 2}
+
+
+def test_small_leaves_keep_the_direct_call_in_the_background(mesh8, routes, monkeypatch):
+    monkeypatch.setattr(backend_xla, "GIL_FREE_MIN_BYTES", 8 * 64 * 4)
+    batch = {"big": np.zeros((8, 64), np.float32), "small": np.zeros((8, 63), np.float32)}
+    (out,) = ts.GlobalBatchLoader([batch])
+    assert routes == {"gil-free": 1, "direct": 1}
+    assert torch.equal(ts.global_to_host_array(out)["small"], torch.zeros(8, 63))
 
 
 def test_stacked_shards_are_a_view_when_they_lie_in_order():

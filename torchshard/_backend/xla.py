@@ -24,6 +24,10 @@ from torchshard._spec import PartitionSpec
 from torchshard._topology import Topology
 
 _INIT_LOCK = threading.Lock()
+# A background transfer of fewer bytes (this process's shards of one leaf) keeps the direct
+# call: it holds the GIL for < ~0.2 ms, no longer than Python's own time slices, and the
+# GIL-free call costs ~40 us more per leaf (measured on 8 CPU devices; docs/design.md).
+GIL_FREE_MIN_BYTES = 1 << 20
 _DEVICE_RE = re.compile(r"^[A-Za-z_]+:(\d+)$")
 
 
@@ -296,12 +300,17 @@ class XlaBackend:
         background: bool = False,
     ) -> torch.Tensor:
         # Foreground: _global_tensor_from_cpu_shards, the fastest call (one host copy) but it
-        # holds the GIL throughout. Background (a loader thread next to a training step): the
-        # GIL-free _xla_tensors_from_aten, one more host copy, for the layouts it can express
-        # with each device still receiving only its shard: dim 0 split over every device (the
-        # loader's FULL default, the dispatchers' spec), and replication. Measurements in
-        # docs/design.md ("Data loading").
-        if background and shards and (not any(axes) or _split_over_every_device(mesh, axes)):
+        # holds the GIL throughout. Background (a loader thread next to a training step), for
+        # leaves of GIL_FREE_MIN_BYTES or more: the GIL-free _xla_tensors_from_aten, one more
+        # host copy, for the layouts it can express with each device still receiving only its
+        # shard: dim 0 split over every device (the loader's FULL default, the dispatchers'
+        # spec), and replication. Measurements in docs/design.md ("Data loading").
+        if (
+            background
+            and shards
+            and sum(s.nbytes for s in shards) >= GIL_FREE_MIN_BYTES
+            and (not any(axes) or _split_over_every_device(mesh, axes))
+        ):
             # replicated: every device receives shards[0], the whole value
             t = _stacked(shards) if any(axes) else shards[0]
             spec = _sharding_spec(mesh, axes, tuple(t.shape), t.dtype)
