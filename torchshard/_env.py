@@ -41,12 +41,6 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # XLA's CPU client runs device programs and host->device copies on one pool of
-    # max(cores, devices) threads. A collective step holds one thread per device until every
-    # device arrives, so with no spare thread a copy or a queued program can starve the last
-    # device and the rendezvous aborts the process after 10 s (seen on 2 cores, 8 devices,
-    # transfers running next to steps: docs/design.md, "Data loading").
-    os.environ.setdefault("PJRT_NPROC", str(2 * num_devices))
     _enable_spmd()
     return True
 
