@@ -8,8 +8,6 @@ examples.
 Run: python examples/uneven_batch.py
 """
 
-import sys
-
 import numpy as np
 
 import torchshard as ts
@@ -22,13 +20,6 @@ def batches(n, rows):
 
 
 def main():
-    if not hasattr(ts, "InputDispatcher"):
-        print(
-            "uneven_batch.py needs torchshard.InputDispatcher, which this torchshard does not "
-            "have yet (it arrives with the in-step dispatch work).",
-            file=sys.stderr,
-        )
-        return 2
     import torch_xla
 
     mesh = ts.create_device_mesh((8,), ("data",))

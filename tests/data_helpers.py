@@ -73,16 +73,17 @@ def ids(global_batch):
     return ts.replicate_to_local_data(global_batch["id"]).tolist()
 
 
-def save_resume(make, *, midpoint, prefetch, batch_bytes):
+def save_resume(make, *, midpoint, prefetch, batch_bytes, read=ids):
     """The shared save/resume check of a stateful loader.
 
-    ``make(prefetch)`` returns a fresh loader over fresh sources with the same order. Takes
+    ``make(prefetch)`` returns a fresh loader over fresh sources with the same order;
+    ``read(global_batch)`` turns a batch into something comparable (default: its ids). Takes
     ``midpoint`` batches (``"end"``: the whole epoch and its StopIteration), lets the prefetch
     run ahead, saves, resumes in a new loader and checks that exactly the batches not taken
     follow, in order, and that the epoch after is whole (its order is the source's business:
     StatefulDataLoader's next epoch after a resume differs from an uninterrupted run's).
     """
-    reference = [ids(b) for b in make(prefetch)]
+    reference = [read(b) for b in make(prefetch)]
     n = len(reference)
 
     def whole_epoch(batches):  # the source decides the order of later epochs
@@ -91,7 +92,7 @@ def save_resume(make, *, midpoint, prefetch, batch_bytes):
     loader = make(prefetch)
     it = iter(loader)
     stop = n if midpoint == "end" else midpoint
-    taken = [ids(next(it)) for _ in range(stop)]
+    taken = [read(next(it)) for _ in range(stop)]
     if midpoint == "end":
         assert next(it, None) is None
     else:  # wait until the thread has transferred what it may ahead of the consumer
@@ -103,11 +104,11 @@ def save_resume(make, *, midpoint, prefetch, batch_bytes):
 
     resumed = make(prefetch)
     resumed.load_state_dict(state)
-    rest = [ids(b) for b in resumed]
+    rest = [read(b) for b in resumed]
     if midpoint == "end":
         assert taken == reference
         assert len(rest) == n and whole_epoch(rest)  # a finished epoch resumes at the next
     else:
         assert taken + rest == reference
-        assert whole_epoch([ids(b) for b in resumed])
+        assert whole_epoch([read(b) for b in resumed])
     assert no_loader_thread_left()

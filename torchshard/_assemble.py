@@ -10,6 +10,7 @@ backend for the local shards (with their global ranges) and concatenates the dis
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -135,8 +136,11 @@ def _assemble(
     *,
     caller: str,
     argname: str,
+    background: bool = False,
 ) -> Any:
-    """Shared by the real path (``tree``) and the emulation (``per_host``: one tree per host)."""
+    """Shared by the real path (``tree``) and the emulation (``per_host``: one tree per host).
+
+    ``background``: called from a loader thread; see ``Backend.make_global``."""
     mesh = require_mesh(caller)
     backend = get_backend(mesh)
     topology = current_topology(mesh)
@@ -204,10 +208,15 @@ def _assemble(
         for i in range(len(leaves))
     ]
 
+    make_global = (
+        functools.partial(backend.make_global, background=True)
+        if background
+        else backend.make_global
+    )
     out = []
     for per, plan in zip(tensors, plans, strict=True):
         shards = _device_shards(plan, per, slot)
-        out.append(backend.make_global(mesh, plan.axes, plan.global_shape, shards))
+        out.append(make_global(mesh, plan.axes, plan.global_shape, shards))
     return unflatten(treespec, out)
 
 

@@ -61,6 +61,12 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(num_devices)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # XLA's CPU client runs the devices' programs and the host->device copies on one pool of
+    # max(cores, devices) threads (PJRT_NPROC overrides the core count). A collective step holds
+    # one pool thread per device until every device joins, so with no spare thread a copy or a
+    # queued program can starve the last device: the rendezvous aborts the process after 10 s.
+    # Seen on 2 cores x 8 devices with batches transferred while steps run (docs/design.md).
+    os.environ.setdefault("PJRT_NPROC", str(2 * num_devices))
     _enable_spmd()
     return True
 

@@ -67,8 +67,15 @@ class Backend(Protocol):
         axes: DimAxes,
         global_shape: tuple[int, ...],
         shards: Sequence[torch.Tensor],
+        *,
+        background: bool = False,
     ) -> torch.Tensor:
-        """A global tensor from one CPU block per local device (``local_devices`` order)."""
+        """A global tensor from one CPU block per local device (``local_devices`` order).
+
+        ``background``: the caller is a helper thread (``GlobalBatchLoader``'s) running next to
+        the training step's Python; prefer a transfer that lets other Python threads run (for
+        torch_xla: one that releases the GIL) over the fastest single-threaded one.
+        """
         ...
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:

@@ -358,7 +358,10 @@ class DTensorBackend:
         axes: DimAxes,
         global_shape: tuple[int, ...],
         shards: Sequence[torch.Tensor],
+        *,
+        background: bool = False,
     ) -> torch.Tensor:
+        # `background` changes nothing here: the clone and from_local run without the GIL.
         if len(shards) != 1:
             raise RuntimeError(
                 f"the dtensor backend takes one shard per process, but got {len(shards)}."

@@ -7,6 +7,7 @@ version it was checked on (torch_xla 2.9.0).
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -17,11 +18,16 @@ import torch
 
 from torchshard._backend import LocalShard
 from torchshard._errors import ShardingError
-from torchshard._index import DimAxes, check_device_process
+from torchshard._index import DimAxes, NamedSharding, check_device_process
 from torchshard._mesh import Mesh
+from torchshard._spec import PartitionSpec
 from torchshard._topology import Topology
 
 _INIT_LOCK = threading.Lock()
+# A background transfer of fewer bytes (this process's shards of one leaf) keeps the direct
+# call: it holds the GIL for < ~0.2 ms, no longer than Python's own time slices, and the
+# GIL-free call costs ~40 us more per leaf (measured on 8 CPU devices; docs/design.md).
+GIL_FREE_MIN_BYTES = 1 << 20
 _DEVICE_RE = re.compile(r"^[A-Za-z_]+:(\d+)$")
 
 
@@ -111,13 +117,12 @@ def _gather_device_owners(count: int) -> tuple[int, ...]:
     ``[devices, 1]`` tensor split over all devices (row ``d`` lives on device ``d``), and reads
     the assembled value back (one all-gather, once per process).
     """
-    xla = _xla()
     xs = _xs()
     xr = _xr()
     local = _local_devices()
     shard = torch.tensor([[xr.process_index()]], dtype=torch.int64)
     op = xs.Mesh(np.arange(count), (count, 1)).get_op_sharding((0, 1))
-    owners = xla._XLAC._global_tensor_from_cpu_shards([shard] * len(local), op, [count, 1])
+    owners = _global_tensor_from_cpu_shards([shard] * len(local), op, [count, 1])
     return tuple(int(v) for v in owners.cpu().reshape(-1).tolist())
 
 
@@ -144,6 +149,93 @@ def mesh_from_xla(xla_mesh: Any) -> Mesh:
 def _op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
     spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
     return to_xla_mesh(mesh).get_op_sharding(spec)
+
+
+def _global_tensor_from_cpu_shards(
+    shards: Sequence[torch.Tensor], op_sharding: Any, global_shape: Sequence[int]
+) -> torch.Tensor:
+    """torch_xla 2.9: one CPU tensor per local device (views are fine; ``local_devices``
+    order), the OpSharding and the global shape; each device receives exactly its shard. The
+    binding holds the GIL for the whole call: one host copy per shard (``AtenSource``:
+    ``tensor.to(..., copy=True)``) and the PJRT transfer (``init_python_bindings.cpp``)."""
+    return _xla()._XLAC._global_tensor_from_cpu_shards(
+        list(shards), op_sharding, list(global_shape)
+    )
+
+
+@functools.cache
+def _device_name() -> str:
+    return str(_xla().device())  # the SPMD virtual device ("xla:0")
+
+
+def _tensors_from_aten(tensors: Sequence[torch.Tensor], specs: Sequence[Any]) -> list[torch.Tensor]:
+    """torch_xla 2.9: ``_xla_tensors_from_aten(tensors, devices, shardings)`` (what
+    ``MpDeviceLoader`` calls) runs inside a ``NoGilSection``: ``ShardingUtil::ShardTensor``
+    cuts one slice per local device and zero-pads it (``constant_pad_nd``, a copy even with no
+    padding), then ``CreateShardedData`` copies and transfers each as
+    ``_global_tensor_from_cpu_shards`` does. Python threads keep running meanwhile."""
+    return _xla()._XLAC._xla_tensors_from_aten(
+        list(tensors), [_device_name()] * len(tensors), list(specs)
+    )
+
+
+def _xla_sharding_spec(
+    probe: torch.Tensor, tile_assignment: list[Any], sharding_type: Any, minibatch: bool
+) -> Any:
+    """torch_xla 2.9: ``_XLAC.XlaShardingSpec(t, tile_assignment, group_assignment,
+    replication_groups, sharding_type, minibatch)`` reads only ``t``'s shape and dtype. With
+    ``minibatch`` ("stacked" here) the global shape is ``t``'s with dim 0 scaled by global /
+    local device count, and torch_xla allows it only when the tile assignment's outer length is
+    the global device count (dim 0 split over every device)."""
+    return _xla()._XLAC.XlaShardingSpec(
+        probe, tile_assignment, [], [], int(sharding_type), minibatch
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _sharding_spec(mesh: Mesh, axes: DimAxes, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+    """The ``XlaShardingSpec`` of the tensor handed to ``_tensors_from_aten``: replicated when
+    ``axes`` split nothing; else dim 0 split over every device, and the tensor (``shape``) is
+    this process's shards stacked along dim 0 in ``local_devices`` order (torch_xla's
+    "minibatch": local device ``i`` gets rows ``[i * s, (i + 1) * s)``). The tile order comes
+    from torchshard's index maths, not from ``xs.ShardingSpec`` (which builds a rank-2 tile
+    assignment for a rank-1 tensor on a mesh with an unused size-1 axis)."""
+    probe = torch.empty((1,) * len(shape), dtype=dtype).expand(shape)
+    kind = _xs().ShardingType
+    if not any(axes):
+        return _xla_sharding_spec(probe, [], kind.REPLICATED, False)
+    count = _topology().device_count
+    tiles = NamedSharding(mesh, PartitionSpec(axes[0])).devices_indices_map((count,))
+    order = [0] * count
+    for device, (rows,) in tiles.items():
+        order[rows.start] = device
+    tile_assignment = np.asarray(order).reshape((count,) + (1,) * (len(shape) - 1)).tolist()
+    return _xla_sharding_spec(probe, tile_assignment, kind.TILED, True)
+
+
+def _split_over_every_device(mesh: Mesh, axes: DimAxes) -> bool:
+    return (
+        bool(axes)
+        and math.prod(mesh.shape[a] for a in axes[0]) == _topology().device_count
+        and not any(axes[1:])
+    )
+
+
+def _stacked(shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The shards one after another along dim 0: a view when they already lie so in memory
+    (dim 0 cut in device order), else ``torch.cat`` (a copy, without the GIL)."""
+    first = shards[0]
+    size = (first.shape[0] * len(shards), *first.shape[1:])
+    step = first.nbytes
+    base = first.untyped_storage().data_ptr()
+    if step and all(
+        s.is_contiguous()
+        and s.untyped_storage().data_ptr() == base
+        and s.data_ptr() == first.data_ptr() + i * step
+        for i, s in enumerate(shards)
+    ):
+        return first.as_strided(size, first.stride())
+    return torch.cat(list(shards))
 
 
 def _materialize(tensors: Sequence[torch.Tensor]) -> None:
@@ -213,12 +305,26 @@ class XlaBackend:
         axes: DimAxes,
         global_shape: tuple[int, ...],
         shards: Sequence[torch.Tensor],
+        *,
+        background: bool = False,
     ) -> torch.Tensor:
-        # torch_xla 2.9: one CPU tensor per local device (views are fine), the OpSharding, and
-        # the global shape; each device receives exactly its shard.
-        return _xla()._XLAC._global_tensor_from_cpu_shards(
-            list(shards), _op_sharding(mesh, axes), list(global_shape)
-        )
+        # Foreground: _global_tensor_from_cpu_shards, the fastest call (one host copy) but it
+        # holds the GIL throughout. Background (a loader thread next to a training step), for
+        # leaves of GIL_FREE_MIN_BYTES or more: the GIL-free _xla_tensors_from_aten, one more
+        # host copy, for the layouts it can express with each device still receiving only its
+        # shard: dim 0 split over every device (the loader's FULL default, the dispatchers'
+        # spec), and replication. Measurements in docs/design.md ("Data loading").
+        if (
+            background
+            and shards
+            and sum(s.nbytes for s in shards) >= GIL_FREE_MIN_BYTES
+            and (not any(axes) or _split_over_every_device(mesh, axes))
+        ):
+            # replicated: every device receives shards[0], the whole value
+            t = _stacked(shards) if any(axes) else shards[0]
+            spec = _sharding_spec(mesh, axes, tuple(t.shape), t.dtype)
+            return _tensors_from_aten([t], [spec])[0]
+        return _global_tensor_from_cpu_shards(shards, _op_sharding(mesh, axes), global_shape)
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
         # torch_xla 2.9: `_get_local_shards` copies each local device's (padded) block to the

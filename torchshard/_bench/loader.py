@@ -10,20 +10,22 @@ measure core contention instead of the input pipeline. The step is slower than t
 
 Methods (the same host batches, the same step, interleaved rounds, medians):
 
-- ``torchshard``: ``GlobalBatchLoader(source, partition=P("data"), prefetch=2)``.
+- ``torchshard``: ``GlobalBatchLoader(source, partition=P("data"), prefetch=2)``. On its thread
+  the backend transfers with torch_xla's GIL-free ``_xla_tensors_from_aten``.
+- ``torchshard, GIL-holding transfer``: the same loader with the foreground transfer
+  (``_global_tensor_from_cpu_shards``, one host copy less but it holds the GIL, stalling the
+  step's Python on the consumer thread): what ``GlobalBatchLoader`` did before.
 - ``MpDeviceLoader``: torch_xla's ``MpDeviceLoader`` with the ``input_sharding`` that works for
   it: ``ShardingSpec(mesh, ("data", None))`` for ``x`` and ``("data",)`` for ``y`` (dim 0 over
   all devices), default prefetch sizes.
 - ``no prefetch``: ``host_to_global_array`` inside the loop.
+- ``pre-transferred``: batches transferred before the loop; no input work at all, the ceiling.
 
-- ``torchshard, GIL-free transfer (experiment)``: the same loader with MpDeviceLoader's
-  transfer call (``xm.send_cpu_data_to_device``, which releases the GIL while it copies)
-  instead of the backend's ``_global_tensor_from_cpu_shards`` (which holds it, stalling the
-  step's Python on the consumer thread). It isolates that one difference; it is not a
-  torchshard code path (it needs the whole global array on one host).
-
-Figures: steps/s and the input-wait fraction (time in ``next()`` / step time). Targets:
-torchshard's input wait < 5 %; torchshard >= 1.0x MpDeviceLoader's steps/s.
+Figures: steps/s and the input-wait fraction (time in ``next()`` / step time); and the GIL
+stall a transfer thread inflicts on the main thread: a thread transfers batches back to back
+while the main thread sleeps 0.5 ms at a time; the mean overshoot of those sleeps is the time
+it waited for the GIL. Targets: torchshard's input wait < 5 %; torchshard >= 1.0x
+MpDeviceLoader's steps/s.
 """
 
 from __future__ import annotations
@@ -32,21 +34,23 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from torchshard._bench._report import Report
+from torchshard._bench._report import Report, compare
 
 NAME = "loader"
 DESCRIPTION = "training loop fed by GlobalBatchLoader vs MpDeviceLoader vs no prefetch"
 ROWS, COLS = 1024, 1024
 DEVICE_MS = 20.0
 STEPS = 60
-ROUNDS = 7
+ROUNDS = 9
 WAIT_TARGET = 0.05
-EXPERIMENT = "torchshard, GIL-free transfer (experiment)"
+HOLDING = "torchshard, GIL-holding transfer"
+STALL_SECONDS = 1.5
 
 
 def host_batches(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -84,6 +88,66 @@ def _timed(it: Iterator[Any], step: Callable[[Any], None], steps: int) -> tuple[
     return time.perf_counter() - t0, wait
 
 
+def gil_stall(transfer: Callable[[], Any], seconds: float) -> float:
+    """Mean seconds the main thread waits for the GIL after a 0.5 ms sleep while another
+    thread runs ``transfer`` back to back (0 if ``transfer`` releases the GIL)."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        keep: list[Any] = []
+        while not stop.is_set():
+            keep = [*keep[-3:], transfer()]
+
+    thread = threading.Thread(target=loop, name="bench-transfer", daemon=True)
+    thread.start()
+    over, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        time.sleep(0.0005)
+        over.append(time.perf_counter() - t - 0.0005)
+    stop.set()
+    thread.join()
+    return statistics.mean(over)
+
+
+def transfer_figures(
+    report: Report, case: str, mesh: Any, make: Callable[[bool], Callable[[], Any]]
+) -> None:
+    """The GIL stall a transfer thread inflicts, and one transfer's cost alone, for the
+    loader's background transfer and the GIL-holding one (``make(background)`` transfers one
+    batch)."""
+    import torch_xla.core.xla_model as xm
+
+    from torchshard._mesh import thread_mesh
+
+    def in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            with thread_mesh(mesh):  # the mesh context is per thread
+                return fn(True)
+
+        return call
+
+    def to_completion(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def call() -> Any:
+            out = fn(True)
+            xm.wait_device_ops()
+            return out
+
+        return call
+
+    report.progress("loader: GIL stall of a transfer thread")
+    for name, background in (("torchshard", True), (HOLDING, False)):
+        stall = gil_stall(in_thread(make(background)), STALL_SECONDS)
+        report.figure(NAME, case, f"{name}: main thread's GIL wait", 1e3 * stall, "ms/0.5 ms")
+    report.progress("loader: one transfer, single-threaded")
+    alone = compare({"torchshard": to_completion(make(True)), HOLDING: to_completion(make(False))})
+    for name, secs in alone.items():
+        report.figure(NAME, case, f"{name}: one transfer alone", 1e3 * secs, "ms")
+    xm.wait_device_ops()
+
+
 def run(report: Report) -> None:
     """Measures steps/s and the input-wait fraction of each method; records the ratios."""
     import torch_xla
@@ -92,6 +156,7 @@ def run(report: Report) -> None:
     import torch_xla.distributed.spmd as xs
 
     import torchshard as ts
+    from torchshard._assemble import _assemble
 
     mesh = ts.Mesh(np.arange(8), ("data",))
     spec = ts.P("data")
@@ -113,31 +178,44 @@ def run(report: Report) -> None:
         for b in source():
             yield ts.host_to_global_array(b, partition=spec)
 
+    def transfer(background: bool) -> Callable[..., Any]:
+        def assemble(hosts: list[Any], spec_tree: Any, _background: bool) -> Any:
+            return _assemble(
+                None,
+                hosts[0],
+                spec_tree,
+                caller="host_to_global_array",
+                argname="host_arrays",
+                background=background,
+            )
+
+        return assemble
+
     sharding = {
         "x": xs.ShardingSpec(mesh.xla_mesh, ("data", None)),
         "y": xs.ShardingSpec(mesh.xla_mesh, ("data",)),
     }
-
-    def gil_free(hosts: list[Any], _spec: Any) -> Any:  # MpDeviceLoader's transfer call
-        return {
-            k: xm.send_cpu_data_to_device(v, device, sharding[k])[0] for k, v in hosts[0].items()
-        }
-
+    pre: list[Any] = []
     methods: dict[str, Callable[[], Any]] = {
         "torchshard": lambda: ts.GlobalBatchLoader(source(), partition=spec, prefetch=2),
+        HOLDING: lambda: ts.GlobalBatchLoader._from_hosts(
+            [source()], None, partition=spec, mesh=None, prefetch=2, assemble=transfer(False)
+        ),
         "MpDeviceLoader": lambda: pl.MpDeviceLoader(source(), device, input_sharding=sharding),
         "no prefetch": no_prefetch,
-        EXPERIMENT: lambda: ts.GlobalBatchLoader._from_hosts(
-            [source()], None, partition=spec, mesh=None, prefetch=2, assemble=gil_free
-        ),
+        "pre-transferred": lambda: iter([pre[i % len(pre)] for i in range(STEPS + 8)]),
     }
 
+    case = f"[{ROWS},{COLS}] f32 (8,), step {DEVICE_MS:g} ms device + sync"
     with mesh:
+        pre += [ts.host_to_global_array(b, partition=spec) for b in pool]
+        transfer_figures(report, case, mesh, lambda bg: partial(transfer(bg), [pool[0]], spec))
+        xm.wait_device_ops()
         report.progress("loader: warm-up (compiles the step)")
         for make in methods.values():
             run_loop(make(), step, 5)
         samples: dict[str, list[tuple[float, float]]] = {m: [] for m in methods}
-        transfer: list[float] = []  # seconds per batch in the loader thread's transfer
+        transfer_s: list[float] = []  # seconds per batch in the loader thread's transfer
         order = list(methods)
         rng = random.Random(0)
         for r in range(ROUNDS):
@@ -148,9 +226,8 @@ def run(report: Report) -> None:
                 samples[name].append(run_loop(loader, step, STEPS))
                 if name == "torchshard":
                     stats = loader.stats
-                    transfer.append(stats.transfer_seconds / stats.batches)
+                    transfer_s.append(stats.transfer_seconds / stats.batches)
 
-    case = f"[{ROWS},{COLS}] f32 (8,), step {DEVICE_MS:g} ms device + sync"
     rate: dict[str, float] = {}
     for name, runs in samples.items():
         secs = statistics.median(s for s, _ in runs)
@@ -160,12 +237,19 @@ def run(report: Report) -> None:
         report.figure(NAME, case, f"{name} input wait", 100 * waits, "% of step")
     step_ms = 1e3 * statistics.median(s / STEPS for s, _ in samples["torchshard"])
     report.figure(NAME, case, "torchshard step", step_ms, "ms")
-    report.figure(NAME, case, "torchshard transfer", 1e3 * statistics.median(transfer), "ms/batch")
+    report.figure(
+        NAME, case, "torchshard transfer", 1e3 * statistics.median(transfer_s), "ms/batch"
+    )
     vs_mp = rate["torchshard"] / rate["MpDeviceLoader"]
     report.ratio(NAME, case, "torchshard", "MpDeviceLoader", vs_mp, 1.0)
+    report.ratio(NAME, case, "torchshard", HOLDING, rate["torchshard"] / rate[HOLDING])
     report.ratio(NAME, case, "torchshard", "no prefetch", rate["torchshard"] / rate["no prefetch"])
     report.ratio(
-        NAME, case, EXPERIMENT, "MpDeviceLoader", rate[EXPERIMENT] / rate["MpDeviceLoader"]
+        NAME,
+        case,
+        "pre-transferred",
+        "MpDeviceLoader",
+        rate["pre-transferred"] / rate["MpDeviceLoader"],
     )
     wait = statistics.median(w / s for s, w in samples["torchshard"])
     verdict = "ok" if wait < WAIT_TARGET else "MISSED"

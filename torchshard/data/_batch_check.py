@@ -1,5 +1,6 @@
-"""Checks on a stream of host batches: same structure, shapes and dtypes in every batch, and
-an indivisible batch turned into an error that says which dispatcher setting fixes it."""
+"""Checks on a stream of host batches: same structure, shapes and dtypes in every batch; the
+partition laying the hosts' physical blocks out along dim 0 as their dispatchers expect; and an
+indivisible batch turned into an error that says which dispatcher setting fixes it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from torchshard._dispatch import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 from torchshard._errors import IndivisibleError, ShardingError, TreeStructureError
 from torchshard._index import NamedSharding
 from torchshard._mesh import Mesh
@@ -82,6 +84,80 @@ def _leaf_specs(mesh: Mesh, spec_tree: Any, tree: Any) -> list[PartitionSpec]:
     return [PartitionSpec() if s is None else s for s in specs]
 
 
+def _data_first(tree: Any, spec_tree: Any, mesh: Mesh, name: str) -> list[tuple[Any, Any, str]]:
+    """(leaf, spec, path) of every leaf, the dispatch key last (errors name a data leaf)."""
+    leaves, treespec = flatten(tree)
+    rows = list(zip(leaves, _leaf_specs(mesh, spec_tree, tree), paths(treespec, name), strict=True))
+    return sorted(rows, key=lambda r: PHYSICAL_TO_LOGICAL_DISPATCH_KEY in r[2])
+
+
+def check_dispatch_feeds(
+    *,
+    mesh: Mesh,
+    spec_tree: Any,
+    physical_batches: Sequence[Any],
+    dispatchers: Sequence[Any],
+    hosts: Sequence[int],
+    explicit: bool,
+    batch: int,
+) -> None:
+    """Raises ``ShardingError`` unless the partition lays the hosts' physical blocks out along
+    dim 0 the way their dispatchers expect. Must run under ``mesh``.
+
+    ``physical_batches[i]`` is host ``hosts[i]``'s batch after its ``dispatchers[i]``. An
+    ``InputDispatcher`` (it has ``num_physical_feeds``) expects dim 0 of every leaf to hold one
+    block per physical feed, ``num_physical_feeds`` in all (the dispatch key travels with its
+    rows, so where each block lands does not matter). A ``SpmdInputDispatcher`` (it has
+    ``logical_feed_index``/``num_logical_feeds`` only) read the shard of its own feed, so this
+    host's block must land at that feed. Other dispatchers are not checked; nor are leaves
+    whose layout is not process-uniform (the transfer reports those).
+    """
+    for h, tree, d in zip(hosts, physical_batches, dispatchers, strict=True):
+        feeds = getattr(d, "num_physical_feeds", None)
+        spmd = feeds is None and hasattr(d, "logical_feed_index")
+        if feeds is None and not spmd:
+            continue
+        for leaf, spec, path in _data_first(tree, spec_tree, mesh, "batch"):
+            sig = _signature(leaf)
+            if sig is None or not sig[0]:
+                continue
+            try:
+                index, count = NamedSharding(mesh, spec).process_index_and_count(
+                    0, ndim=len(sig[0]), process_index=h
+                )
+            except ValueError:
+                continue
+            fix = (
+                f" Omit partition= to use the dispatcher's partition_spec ({d.partition_spec!r}),"
+                " or pass a partition that splits dim 0 over the hosts."
+                if explicit
+                else ""
+            )
+            if not spmd and count != feeds:
+                if not explicit:
+                    fix = (
+                        f" Set the dispatcher's num_physical_feeds to {count} (one feed per "
+                        "host; the default is process_count())."
+                    )
+                fp = d.feed_physical_batch_size
+                raise ShardingError(
+                    f"GlobalBatchLoader: batch {batch}: under partition {spec!r}, dim 0 of {path} "
+                    f"holds {count} per-host block{'s' if count != 1 else ''}, but the "
+                    f"dispatcher's physical batch is {feeds} blocks of {fp} rows "
+                    f"(num_physical_feeds={feeds}), {feeds * fp} rows in all." + fix
+                )
+            expected = (d.logical_feed_index, d.num_logical_feeds)
+            if spmd and (index, count) != expected:
+                raise ShardingError(
+                    f"GlobalBatchLoader: batch {batch}: partition {spec!r} puts host {h}'s block "
+                    f"of {path} at feed {index} of {count} along dim 0, but its dispatcher "
+                    f"({type(d).__name__}) read feed {expected[0]} of {expected[1]} "
+                    "(feed_read_config()), so the global batch would be reordered. Build the "
+                    "dispatcher under the same mesh as the loader and omit partition= (the "
+                    "dispatcher's partition_spec is the default)."
+                )
+
+
 def indivisible_error(
     error: IndivisibleError,
     *,
@@ -102,11 +178,9 @@ def indivisible_error(
 
 
 def _batch_fix(mesh: Mesh, spec_tree: Any, host_batch: Any, dispatcher: bool) -> str | None:
-    """How to make dim 0 divide, for the first leaf whose dim 0 does not; else None."""
-    leaves, treespec = flatten(host_batch)
-    for leaf, spec, path in zip(
-        leaves, _leaf_specs(mesh, spec_tree, host_batch), paths(treespec, "batch"), strict=True
-    ):
+    """How to make dim 0 divide, for the first leaf whose dim 0 does not (the dispatch key
+    last); else None."""
+    for leaf, spec, path in _data_first(host_batch, spec_tree, mesh, "batch"):
         sig = _signature(leaf)
         if sig is None or not sig[0]:
             continue

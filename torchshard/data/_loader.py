@@ -23,16 +23,23 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from torchshard._assemble import DEFAULT_PARTITION, host_to_global_array
+from torchshard._assemble import DEFAULT_PARTITION, _assemble
 from torchshard._errors import IndivisibleError, NoMeshError, ShardingError
 from torchshard._mesh import Mesh, current_mesh, thread_mesh
 from torchshard._partition import data_partition_type_to_spec
 from torchshard._spec import DataPartitionType
 from torchshard._topology import Topology, current_topology
-from torchshard.data._batch_check import BatchChecker, host_nbytes, indivisible_error
+from torchshard.data._batch_check import (
+    BatchChecker,
+    check_dispatch_feeds,
+    host_nbytes,
+    indivisible_error,
+)
 from torchshard.data._prefetch import Prefetcher
 
-Assemble = Callable[[list[Any], Any], Any]
+# (one batch per host, the spec tree, background) -> the global batch. ``background``: it runs
+# on the loader's thread next to the step (see ``Backend.make_global``), not inside ``next()``.
+Assemble = Callable[[list[Any], Any, bool], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +76,17 @@ def _stateful(source: Any) -> bool:
     )
 
 
-def _assemble_one(hosts: list[Any], spec: Any) -> Any:
-    return host_to_global_array(hosts[0], partition=spec)
+def _assemble_one(hosts: list[Any], spec: Any, background: bool) -> Any:
+    # host_to_global_array; on the loader's thread the backend is told so (torch_xla: a
+    # transfer that releases the GIL, so the step's Python keeps running; docs/design.md).
+    return _assemble(
+        None,
+        hosts[0],
+        spec,
+        caller="host_to_global_array",
+        argname="host_arrays",
+        background=background,
+    )
 
 
 class _Producer:
@@ -86,10 +102,15 @@ class _Producer:
         assemble: Assemble,
         counters: _Counters,
         first: int,
+        *,
+        explicit_partition: bool = False,
     ) -> None:
         self.its = its
         self.sources = sources if all(_stateful(s) for s in sources) else None
         self.dispatchers = dispatchers
+        self.explicit_partition = explicit_partition
+        self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
+        self.background = False  # set when a thread runs it
         self.spec = spec
         self.mesh = mesh
         self.assemble = assemble
@@ -132,10 +153,22 @@ class _Producer:
             hosts = [
                 d.logical_to_physical_batch(b) for d, b in zip(self.dispatchers, hosts, strict=True)
             ]
+            if not self.feeds_checked:
+                here = current_topology(self.mesh).process_index
+                check_dispatch_feeds(
+                    mesh=self.mesh,
+                    spec_tree=self.spec,
+                    physical_batches=hosts,
+                    dispatchers=self.dispatchers,
+                    hosts=range(len(hosts)) if per_host else [here],
+                    explicit=self.explicit_partition,
+                    batch=n,
+                )
+                self.feeds_checked = True
         nbytes = host_nbytes(hosts)
         t0 = time.perf_counter()
         try:
-            out = self.assemble(hosts, self.spec)
+            out = self.assemble(hosts, self.spec, self.background)
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
@@ -164,6 +197,7 @@ class _Epoch(Iterator[Any]):
         self._closed = False
         if prefetch:
             mesh, first = producer.mesh, producer.first
+            producer.background = True
             self._prefetcher = Prefetcher(
                 producer,
                 depth=prefetch,
@@ -366,6 +400,7 @@ class GlobalBatchLoader(Iterable[Any]):
             self._assemble,
             self._counters,
             first,
+            explicit_partition=self._partition is not DEFAULT_PARTITION,
         )
         self._snapshot = producer.snapshot()
         self._next_batch = first

@@ -13,8 +13,13 @@ is not called before a slot is free. Design, after torchdata.nodes' ``_SingleThr
 - The end (``produce`` raised ``StopIteration``) and errors travel through the queue in order.
   An error is re-raised at the consumer's ``get()`` for that item as the *original* exception
   object (same type, original traceback), with a note naming the thread and ``where``.
-- ``close()`` is idempotent: it sets the stop event, drops queued items and joins the thread.
-  It runs at the end of the stream, on error, and from the owner's ``close``/finaliser.
+- ``close()`` is idempotent: it sets the stop event, drops queued items and, when the stream
+  had not ended, waits for the thread to exit. It runs at the end of the stream, on error, and
+  from the owner's ``close``/finaliser.
+- The thread comes from ``_worker``: when the stream ends by itself (the end, or an error) the
+  thread is parked and the next ``Prefetcher`` (the next epoch) reuses it; it exits when none
+  comes within ``_worker.PARK_SECONDS``. A stream stopped from outside (``close()`` mid-stream,
+  an abandoned iterator) ends its thread, and ``close()`` joins it.
 
 The thread holds no reference to the consumer-facing object, so an abandoned iterator is
 garbage collected and its finaliser stops the thread.
@@ -29,6 +34,8 @@ import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
+
+from torchshard.data._worker import run_job
 
 T = TypeVar("T")
 
@@ -102,17 +109,37 @@ class Prefetcher(Generic[T]):
         self._slots = threading.BoundedSemaphore(depth)
         self._stop = threading.Event()
         self._done = False
+        # The job's end: `_ended` (the stream ended by itself: the thread may park) and
+        # `_retire` (close() came first: the thread exits and close() joins it) are decided
+        # under `_lock`; `_finished` is set when the job has returned.
+        self._lock = threading.Lock()
+        self._ended = False
+        self._retire = False
+        self._finished = threading.Event()
         self.name = f"{name}-{next(_ids)}"
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = run_job(self._job, name=self.name)
 
     # -- background thread -----------------------------------------------------------------
+    def _job(self) -> bool:
+        try:
+            self._run()
+        finally:
+            with self._lock:
+                park = self._ended and not self._retire
+            self._finished.set()
+        return park
+
     def _run(self) -> None:
         try:
             with self._context() if self._context is not None else contextlib.nullcontext():
                 self._loop()
         except BaseException as e:  # noqa: BLE001 - thread boundary: hand it to the consumer
-            self._queue.put(_Failure(e, "the thread's set-up"))
+            self._finish(_Failure(e, "the thread's set-up"))
+
+    def _finish(self, entry: Any) -> None:
+        with self._lock:
+            self._ended = True
+        self._queue.put(entry)
 
     def _loop(self) -> None:
         for i in itertools.count():
@@ -124,10 +151,10 @@ class Prefetcher(Generic[T]):
             try:
                 item = self._produce(i)
             except StopIteration as end:
-                self._queue.put(_End(end.value))
+                self._finish(_End(end.value))
                 return
             except BaseException as e:  # noqa: BLE001 - thread boundary: travels in order
-                self._queue.put(_Failure(e, self._where(i)))
+                self._finish(_Failure(e, self._where(i)))
                 return
             self._queue.put(item)
 
@@ -144,7 +171,7 @@ class Prefetcher(Generic[T]):
                 if self._stop.is_set():
                     self._done = True
                     raise StopIteration from None
-                if not self._thread.is_alive() and self._queue.empty():
+                if self._finished.is_set() and self._queue.empty():
                     self._done = True
                     raise RuntimeError(
                         f"the prefetch thread {self.name!r} ended without a result."
@@ -162,17 +189,26 @@ class Prefetcher(Generic[T]):
 
     @property
     def alive(self) -> bool:
-        """Whether the background thread is still running."""
-        return self._thread.is_alive()
+        """Whether the background thread is still running this stream."""
+        return not self._finished.is_set()
 
     def close(self) -> None:
-        """Stops the thread, drops queued items and joins (idempotent)."""
+        """Stops the stream, drops queued items and, if it had not ended, joins the thread
+        (idempotent)."""
         self._done = True
+        with self._lock:
+            if not self._ended:
+                self._retire = True  # the thread exits instead of parking
+            join = self._retire
         self._stop.set()
         self._drain()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=JOIN_SECONDS)
-            if not self._thread.is_alive():
+            if join:
+                self._thread.join(timeout=JOIN_SECONDS)
+                stopped = not self._thread.is_alive()
+            else:  # ended by itself: the job returns at once, and the thread parks
+                stopped = self._finished.wait(timeout=JOIN_SECONDS)
+            if stopped:
                 self._produce = _closed  # frees what produce holds (e.g. source iterators)
             else:
                 _log.warning(

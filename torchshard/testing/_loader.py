@@ -8,11 +8,11 @@ from typing import Any
 from torchshard._assemble import DEFAULT_PARTITION
 from torchshard._mesh import Mesh
 from torchshard.data._loader import GlobalBatchLoader
-from torchshard.testing._virtual import host_to_global_array_per_host
+from torchshard.testing._virtual import assemble_per_host
 
 
-def _assemble_per_host(hosts: list[Any], spec: Any) -> Any:
-    return host_to_global_array_per_host(hosts, partition=spec)
+def _assemble_per_host(hosts: list[Any], spec: Any, background: bool) -> Any:
+    return assemble_per_host(hosts, partition=spec, background=background)
 
 
 def global_batch_loader_per_host(

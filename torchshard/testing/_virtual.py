@@ -62,19 +62,37 @@ def host_to_global_array_per_host(
 ) -> Any:
     """``host_to_global_array`` with every host's tree given: ``per_host_arrays[h]`` is host
     ``h``'s block. Same validation and assembly as the real path."""
-    _require_virtual("host_to_global_array_per_host")
-    if not isinstance(per_host_arrays, (list, tuple)):
-        raise TypeError(
-            "per_host_arrays: expected a list with one tree per host, but got "
-            f"{type(per_host_arrays).__name__}."
-        )
-    return _assemble(
+    _check_per_host(per_host_arrays)
+    return _assemble(  # directly: the deprecation warning's stack level counts the frames
         per_host_arrays,
         None,
         partition,
         caller="host_to_global_array_per_host",
         argname="per_host_arrays",
     )
+
+
+def assemble_per_host(per_host_arrays: Sequence[Any], *, partition: Any, background: bool) -> Any:
+    """``host_to_global_array_per_host`` for the per-host loader (``background``: on its
+    thread, see ``Backend.make_global``)."""
+    _check_per_host(per_host_arrays)
+    return _assemble(
+        per_host_arrays,
+        None,
+        partition,
+        caller="host_to_global_array_per_host",
+        argname="per_host_arrays",
+        background=background,
+    )
+
+
+def _check_per_host(per_host_arrays: Any) -> None:
+    _require_virtual("host_to_global_array_per_host")
+    if not isinstance(per_host_arrays, (list, tuple)):
+        raise TypeError(
+            "per_host_arrays: expected a list with one tree per host, but got "
+            f"{type(per_host_arrays).__name__}."
+        )
 
 
 def global_to_host_array_per_host(global_arrays: Any, /) -> list[Any]:

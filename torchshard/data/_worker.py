@@ -1,0 +1,104 @@
+"""Daemon threads reused from one prefetch stream to the next (standard library only).
+
+A ``Worker`` runs one job at a time. When a job ends with its stream finished (the source
+ran out, or failed), the worker is *parked*: it waits up to ``PARK_SECONDS`` for the next
+stream to adopt it (``run_job``), and exits if none does. A job stopped from outside (``close()``
+mid-stream, an abandoned iterator) retires its worker instead, so that ``close()`` can join it.
+
+Why: glibc gives each thread a malloc arena, and once every arena exists (``8 x cores``, soon
+reached next to torch_xla's threads) a new thread takes the next arena in turn. A new thread
+per epoch therefore spread the loader's transfer buffers over every arena, each keeping its own
+high-water mark, while the memory in use stayed flat: 16 epochs of 250 batches grew RSS by
++56 to +135 MB (0.5 MB batches; ~100 MB over 11 epochs of 2 MiB ones). On one thread across
+epochs: -6 to +17 MB (docs/design.md, "Memory over epochs").
+
+A parked worker holds nothing of the stream it ran (the job is dropped before parking; the
+first job is not a ``Thread`` argument, which ``Thread`` would keep) and is named
+``PARKED_NAME`` while it waits.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+PARK_SECONDS = 1.0  # how long a finished stream's thread waits to be adopted by the next one
+PARKED_NAME = "torchshard-parked"
+
+# A job runs on the worker and returns whether the worker may park (False: it exits).
+Job = Callable[[], bool]
+
+
+class _Pool:
+    """The parked workers, and the lock that orders adoption against a parked worker's expiry."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parked: list[Worker] = []
+
+    def forget(self) -> None:
+        """In a forked child: none of the parent's threads exist (and the lock may be held)."""
+        self.lock = threading.Lock()
+        self.parked = []
+
+
+_POOL = _Pool()
+os.register_at_fork(after_in_child=_POOL.forget)
+
+
+class Worker:
+    """One daemon thread; use ``run_job`` rather than making one directly."""
+
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def _loop(self) -> None:
+        job: Job | None = self.jobs.get_nowait()  # run_job puts it before starting the thread
+        while job is not None:
+            try:
+                park = job()
+            except BaseException:  # noqa: BLE001 - thread boundary; jobs report their own errors
+                park = False
+            job = None  # a parked worker keeps nothing of the stream it ran
+            if park:
+                job = self._park()
+
+    def _park(self) -> Job | None:
+        self.thread.name = PARKED_NAME
+        with _POOL.lock:
+            _POOL.parked.append(self)
+        try:
+            return self.jobs.get(timeout=PARK_SECONDS)
+        except queue.Empty:
+            pass
+        with _POOL.lock:
+            if self in _POOL.parked:  # nobody adopted it: exit
+                _POOL.parked.remove(self)
+                return None
+        # Adopted at the last moment: run_job put the job under the lock, so it is there.
+        return self.jobs.get_nowait()
+
+
+def run_job(job: Job, *, name: str) -> threading.Thread:
+    """Runs ``job`` on a parked worker (renamed ``name``), or on a new one; returns its
+    thread."""
+    with _POOL.lock:
+        while _POOL.parked:
+            worker = _POOL.parked.pop()
+            if worker.thread.is_alive():
+                worker.thread.name = name
+                worker.jobs.put(job)  # under the lock: the worker's expiry check sees it adopted
+                return worker.thread
+    worker = Worker(name)
+    worker.jobs.put(job)
+    worker.thread.start()
+    return worker.thread
+
+
+def parked_threads() -> list[threading.Thread]:
+    """The threads parked now (for tests and the soak bench)."""
+    with _POOL.lock:
+        return [w.thread for w in _POOL.parked]
