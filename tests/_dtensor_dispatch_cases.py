@@ -368,11 +368,14 @@ def train_with_loader(
     steps: int,
     make_model: Callable[[], torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
-    """Data-parallel training on DTensors fed by a DataLoader per rank, padded by
-    ``InputDispatcher`` and dispatched in the step; parameters replicated."""
+    """Data-parallel training on DTensors fed by torchshard's loader: per rank a DataLoader
+    over ``host_sampler``'s shard, ``GlobalBatchLoader`` padding it with ``InputDispatcher`` and
+    assembling the DTensors on its background thread; dispatched in the step; parameters
+    replicated."""
     import torch.distributed as dist
     from _dtensor_cases import make_mlp
     from torch.distributed.tensor import distribute_module
+    from torch.utils.data import DataLoader, default_collate
 
     ts = _ts()
     world = dist.get_world_size()
@@ -385,14 +388,18 @@ def train_with_loader(
     model = distribute_module((make_model or make_mlp)(), mesh.native)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses, seen = [], []
-    loader = feed_loader(read["num_shards"], read["shard_index"], d.feed_logical_batch_size, 0)
-    with mesh:
-        for step, item in enumerate(loader):
+    ds = loader_dataset()
+    source = DataLoader(
+        ds,
+        batch_size=d.feed_logical_batch_size,
+        sampler=ts.host_sampler(ds, d, shuffle=True, seed=3, drop_last=True),
+        drop_last=True,
+        collate_fn=lambda items: _as_batch(default_collate(items)),
+    )
+    with mesh, ts.GlobalBatchLoader(source, dispatcher=d, prefetch=2) as loader:
+        for step, g in enumerate(loader):
             if step == steps:
                 break
-            g = ts.host_to_global_array(
-                d.logical_to_physical_batch(_as_batch(item)), partition=d.partition_spec
-            )
             batch = d.physical_to_logical_batch(g)
             loss = ((model(batch["x"]) - batch["y"]) ** 2).mean()  # DTensor: no mse_loss rule
             opt.zero_grad()

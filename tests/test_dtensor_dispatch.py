@@ -427,14 +427,11 @@ TRAINING = [(2, 8, 12, None), (2, 4, 8, (1,)), (4, 8, 16, None), (4, 4, 16, (3, 
 def test_loader_example_trains_with_the_same_loss_on_every_rank(
     pools, world, logical, physical, indices
 ):
-    """Each rank's DataLoader reads the shard ``feed_read_config()`` names (a
-    DistributedSampler, as ``host_sampler`` will), pads its batch with
-    ``logical_to_physical_batch``, assembles it with ``host_to_global_array``; the step
-    dispatches the logical batch and trains replicated parameters. Every rank sees the same
-    losses and weights, equal to a single-process run on the same global batches.
-
-    (When ``GlobalBatchLoader`` lands, the loop in ``train_with_loader`` becomes that loader
-    over the same dataset and dispatcher; this test stays as it is.)
+    """Each rank's DataLoader reads the shard ``host_sampler(ds, dispatcher)`` names;
+    ``GlobalBatchLoader(dispatcher=...)`` pads it and assembles the DTensors on its background
+    thread; the step dispatches the logical batch and trains replicated parameters. Every rank
+    sees the same losses and weights, equal to a single-process run on the same global batches
+    (whose loaders use ``DistributedSampler`` directly: an independent oracle for the shard).
     """
     steps = 4
     results = pools(world).run(
