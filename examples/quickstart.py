@@ -3,14 +3,12 @@
 Run: python examples/quickstart.py
 """
 
-from torchshard._env import setup_cpu_emulation
+import numpy as np
+import torch
 
-setup_cpu_emulation(8)  # before torch_xla starts; a no-op on a TPU host
+import torchshard as ts
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import torchshard as ts  # noqa: E402
+ts.setup_cpu_emulation(8)  # before torch_xla starts; a no-op on a TPU host
 
 
 def main() -> None:

@@ -95,7 +95,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    from torchshard._env import setup_cpu_emulation
-
-    setup_cpu_emulation(8)  # 8 CPU devices unless a TPU is present; before torch_xla starts
+    ts.setup_cpu_emulation(8)  # 8 CPU devices unless a TPU is present; before torch_xla starts
     raise SystemExit(main(args.steps))

@@ -44,7 +44,5 @@ def main():
 
 
 if __name__ == "__main__":
-    from torchshard._env import setup_cpu_emulation
-
-    setup_cpu_emulation(8)
+    ts.setup_cpu_emulation(8)
     raise SystemExit(main())

@@ -20,6 +20,8 @@ from torchshard._dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY as PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
 )
 from torchshard._dispatch import dispatch_input_batch as dispatch_input_batch
+from torchshard._env import EmulationError as EmulationError
+from torchshard._env import setup_cpu_emulation as setup_cpu_emulation
 from torchshard._errors import IndivisibleError as IndivisibleError
 from torchshard._errors import NoMeshError as NoMeshError
 from torchshard._errors import NonUniformShardingError as NonUniformShardingError
@@ -52,6 +54,7 @@ from torchshard.data._sampler import host_sampler as host_sampler
 
 __all__ = [
     "DataPartitionType",
+    "EmulationError",
     "GlobalBatchLoader",
     "HybridMeshShape",
     "IndivisibleError",
@@ -90,6 +93,7 @@ __all__ = [
     "process_index",
     "replicate_to_local_data",
     "set_agreement_check",
+    "setup_cpu_emulation",
     "sharded_collate",
     "visualize_sharding",
     "with_sharding_constraint",

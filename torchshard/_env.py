@@ -53,7 +53,7 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
                 f"{num_devices} emulated CPU devices were requested. The device count is fixed "
                 "when the runtime starts (the first XLA device or tensor of the process), so it "
                 "must be set before anything uses torch_xla: call "
-                f"torchshard._env.setup_cpu_emulation({num_devices}) first thing in the process "
+                f"torchshard.setup_cpu_emulation({num_devices}) first thing in the process "
                 "(the torchshard pytest plugin does it before conftest files are imported)."
             )
         _enable_spmd()
