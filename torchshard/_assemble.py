@@ -107,7 +107,7 @@ def _check_full_batch(paths: Any, shapes: list[tuple[int, ...]]) -> None:
 
 
 def _host_tensor(x: Any, paths: LazyPaths, i: int) -> torch.Tensor:
-    if type(x) is torch.Tensor and x.device.type == "cpu" and not x.requires_grad:
+    if type(x) is torch.Tensor and x.is_cpu and not x.requires_grad:
         if x.dtype in SUPPORTED:
             return x
     return as_host_tensor(x, paths[i])
@@ -118,8 +118,14 @@ def _device_shards(plan: HostPlan, per: list[torch.Tensor], slot: dict[int, int]
     split = plan.single_split
     if split is not None:  # one C++ call per owner instead of one narrow per device
         dim, chunk = split
-        parts = {o: per[s].tensor_split(per[s].shape[dim] // chunk, dim) for o, s in slot.items()}
-        return [parts[p.owner][p.cuts[0][1] // chunk] for p in plan.pieces]
+        if len(slot) == 1:  # one host (the real path): no per-owner lookups
+            t = per[0]
+            parts = t.tensor_split(t.shape[dim] // chunk, dim)
+            return [parts[i] for i in plan.split_parts]
+        by_owner = {
+            o: per[s].tensor_split(per[s].shape[dim] // chunk, dim) for o, s in slot.items()
+        }
+        return [by_owner[p.owner][i] for p, i in zip(plan.pieces, plan.split_parts, strict=True)]
     out = []
     for p in plan.pieces:
         t = per[slot[p.owner]]
@@ -127,6 +133,17 @@ def _device_shards(plan: HostPlan, per: list[torch.Tensor], slot: dict[int, int]
             t = t.narrow(dim, start, length)
         out.append(t)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _check_local_owner(topology: Topology, devices: tuple[int, ...]) -> None:
+    """The backend's local devices must belong to this process (checked once per pair)."""
+    owners = {topology.device_process[d] for d in devices}
+    if owners != {topology.process_index}:
+        raise RuntimeError(
+            f"the backend's local devices {devices} belong to processes {sorted(owners)}, "
+            f"not to this process ({topology.process_index})."
+        )
 
 
 def _assemble(
@@ -176,12 +193,7 @@ def _assemble(
     specs = _specs_for(spec_tree, hosts[0], len(leaves), argname)
     devices = tuple(backend.local_devices(mesh))
     if per_host is None:
-        owners = {topology.device_process[d] for d in devices}
-        if owners != {topology.process_index}:
-            raise RuntimeError(
-                f"the backend's local devices {devices} belong to processes {sorted(owners)}, "
-                f"not to this process ({topology.process_index})."
-            )
+        _check_local_owner(topology, devices)
         slot = {topology.process_index: 0}
     else:
         slot = {h: h for h in range(len(hosts))}

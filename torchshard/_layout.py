@@ -59,6 +59,12 @@ class HostPlan:
         dim, chunk = next(iter(cuts))
         return (dim, chunk) if chunk > 0 else None  # empty pieces: narrow, not split
 
+    @functools.cached_property
+    def split_parts(self) -> tuple[int, ...]:
+        """With ``single_split``: each piece's index among its owner's ``chunk``-long parts."""
+        split = self.single_split
+        return tuple(p.cuts[0][1] // split[1] for p in self.pieces) if split else ()
+
 
 def infer_global_shape(
     mesh: Mesh,

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from torchshard._errors import NoMeshError
+
 
 class _MeshStack(threading.local):
     def __init__(self) -> None:
@@ -234,8 +236,6 @@ def current_mesh() -> Mesh | None:
 
 def require_mesh(caller: str) -> Mesh:
     """The current mesh; raises ``NoMeshError`` naming ``caller`` when there is none."""
-    from torchshard._errors import NoMeshError
-
     mesh = current_mesh()
     if mesh is None:
         raise NoMeshError(

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from torchshard._backend import get_backend
+
 if TYPE_CHECKING:
     from torchshard._mesh import Mesh
 
@@ -70,18 +72,18 @@ _OVERRIDE = _Override()
 def current_topology(mesh: Mesh | None = None) -> Topology:
     """The emulated topology if one is installed, else the one ``mesh``'s backend reports
     (without a mesh: the process's default backend, ``_backend.default_backend_name``)."""
-    with _OVERRIDE.lock:
-        if _OVERRIDE.stack:
-            return _OVERRIDE.stack[-1]
-    from torchshard._backend import get_backend
-
+    stack = _OVERRIDE.stack  # read without the lock (hot path): one list read, atomic
+    if stack:
+        try:
+            return stack[-1]
+        except IndexError:  # emptied by another thread between the two reads
+            pass
     return get_backend(mesh).topology()
 
 
 def is_virtual() -> bool:
     """Whether a ``virtual_hosts`` emulation is active."""
-    with _OVERRIDE.lock:
-        return bool(_OVERRIDE.stack)
+    return bool(_OVERRIDE.stack)
 
 
 @contextlib.contextmanager

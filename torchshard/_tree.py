@@ -45,13 +45,17 @@ def _register_dataclass(cls: type) -> None:
     )
 
 
+_PLAIN_LEAF_TYPES: set[type] = set()  # leaf types seen that are not dataclasses (cache)
+
+
 def _is_node_dataclass(x: Any) -> bool:
-    return (
-        dataclasses.is_dataclass(x)
-        and not isinstance(x, type)
-        and type(x) not in _LEAF_TYPES
-        and type(x) not in _REGISTERED
-    )
+    cls = type(x)
+    if cls in _PLAIN_LEAF_TYPES:  # the hot path: tensors and arrays, seen before
+        return False
+    if not dataclasses.is_dataclass(cls):
+        _PLAIN_LEAF_TYPES.add(cls)
+        return False
+    return cls not in _LEAF_TYPES and cls not in _REGISTERED
 
 
 def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any, ...]:

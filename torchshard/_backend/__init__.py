@@ -144,6 +144,9 @@ _LOCK = threading.Lock()
 
 def backend_by_name(name: str) -> Backend:
     """The (process-wide) backend instance called ``name``."""
+    inst = _INSTANCES.get(name)  # the hot path: no lock once the backend exists
+    if inst is not None:
+        return inst
     with _LOCK:
         inst = _INSTANCES.get(name)
         if inst is None:
