@@ -78,9 +78,7 @@ def host_blocks(
 ) -> list[torch.Tensor]:
     """Every rank's block of ``g`` (index = rank), contiguous copies."""
     shape = tuple(g.shape)
-    return [
-        g[block_slices(grid, axis_names, spec, shape, r)].clone() for r in range(grid.size)
-    ]
+    return [g[block_slices(grid, axis_names, spec, shape, r)].clone() for r in range(grid.size)]
 
 
 # -- cases ----------------------------------------------------------------------------------
@@ -96,9 +94,7 @@ def _mesh(grid: Any, axis_names: tuple[str, ...]) -> Any:
     """A dtensor mesh over ``grid`` (nested lists of ranks) via ``create_device_mesh``."""
     ts = _ts()
     arr = np.asarray(grid, dtype=np.int64)
-    return ts.create_device_mesh(
-        arr.shape, axis_names, devices=arr.reshape(-1), backend="dtensor"
-    )
+    return ts.create_device_mesh(arr.shape, axis_names, devices=arr.reshape(-1), backend="dtensor")
 
 
 def environment() -> dict[str, Any]:
@@ -474,3 +470,53 @@ def loader_thread(calls: int = 20) -> dict[str, Any]:
         "shapes": shapes,
         "sums": sums,
     }
+
+
+def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
+    """A ``GlobalBatchLoader`` whose sources differ between the ranks.
+
+    ``kind``: ``"uneven_pace"`` (rank 1's source is slow, so the ranks' background threads are
+    at different batches when the consumers stop), ``"short"`` (rank 1's source ends one batch
+    early), ``"failure"`` (rank 1's source raises at batch 1), ``"shape"`` (rank 1's batch 1
+    has another shape), ``"shape0"`` (every batch of rank 1 has another shape). Afterwards
+    three ``host_to_global_array`` calls (each with the agreement check's collective) show
+    that the processes are still in step."""
+    import time
+
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = _mesh(np.arange(world), ("data",))
+    n = 2 if (kind == "short" and rank == 1) else 3 if kind == "short" else 8
+
+    def source() -> Any:
+        for i in range(n):
+            if kind == "uneven_pace" and rank == 1:
+                time.sleep(0.2)
+            if kind == "failure" and rank == 1 and i == 1:
+                raise ValueError(f"bad batch {i} on rank {rank}")
+            odd = (kind == "shape" and i == 1) or kind == "shape0"
+            cols = 3 if (odd and rank == 1) else 4
+            yield {"x": torch.full((2, cols), float(10 * rank + i))}
+
+    got: list[float] = []
+    error = "no error"
+    t0 = time.perf_counter()
+    with mesh:
+        loader = ts.GlobalBatchLoader(source(), prefetch=prefetch)
+        try:
+            for i, g in enumerate(loader):
+                got.append(ts.replicate_to_local_data(g["x"])[:, 0].tolist())
+                if kind == "uneven_pace" and i == 2:
+                    break
+        except Exception as e:  # noqa: BLE001 -- the message is the result
+            error = f"{type(e).__name__}: {e}" + "".join(
+                f" {note}" for note in getattr(e, "__notes__", [])
+            )
+        loader.close()
+        closed = time.perf_counter() - t0
+        after = [
+            tuple(ts.host_to_global_array(torch.full((1, 2), float(k))).shape) for k in range(3)
+        ]
+    return {"got": got, "error": error, "after": after, "seconds": closed}

@@ -86,9 +86,7 @@ def test_every_rank_sees_the_global_shape_and_its_shard(pools, case):
     results = _roundtrip(pools, case)
     g = cases.global_value(shape, dtype)
     arr = np.asarray(grid)
-    index_map = ts.NamedSharding(ts.Mesh(arr, names), _spec(names, spec)).devices_indices_map(
-        shape
-    )
+    index_map = ts.NamedSharding(ts.Mesh(arr, names), _spec(names, spec)).devices_indices_map(shape)
     assert len(results) == world
     for rank, r in enumerate(results):
         slices = cases.block_slices(arr, names, spec, shape, rank)
@@ -171,9 +169,7 @@ _STRUCT_MSG = (
         ("dtype", _SHAPE_MSG.format(exp="(4,) int64", got="(4,) int32")),
         (
             "structure",
-            _STRUCT_MSG.format(
-                exp="P('data',)", got="{'x': *, 'y': *, 'z': *}", part="P('data',)"
-            ),
+            _STRUCT_MSG.format(exp="P('data',)", got="{'x': *, 'y': *, 'z': *}", part="P('data',)"),
         ),
         (
             "partition",
@@ -242,9 +238,7 @@ def test_bad_layouts_raise_the_same_error_on_every_rank(pools):
     for rank, r in enumerate(results):
         for key, message in expected.items():
             assert r[key] == message, key
-        assert r["reversed_tuple_specs"] == r["reversed_tuple"].replace(
-            "host_arrays", "host_specs"
-        )
+        assert r["reversed_tuple_specs"] == r["reversed_tuple"].replace("host_arrays", "host_specs")
         sub = "Mesh({'b': 2})" if rank < 2 else "Mesh({'b': 2}, devices=[2, 3])"
         ids = [0, 1] if rank < 2 else [2, 3]
         assert r["submesh"] == (
@@ -378,3 +372,82 @@ def test_xla_backend_accepts_what_dtensor_refuses(mesh42):
     x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
     g = ts.host_to_global_array({"x": x}, partition=ts.P(("model", "data")))
     assert torch.equal(ts.global_to_host_array(g)["x"], torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_loader_ranks_at_different_paces_stop_without_a_stuck_collective(pools, prefetch):
+    """The ranks' background threads are at different batches when the consumers stop (rank
+    1's source is slow): the agreement check runs on the consumers' threads, so no thread is
+    left in a collective that the other rank never joins, and later collectives still pair."""
+    results = pools(2).run("loader_outcomes", kind="uneven_pace", prefetch=prefetch)
+    for r in results:
+        assert r["error"] == "no error"
+        assert r["got"] == [[float(i)] * 2 + [float(10 + i)] * 2 for i in range(3)]
+        assert r["after"] == [(2, 2)] * 3
+        assert r["seconds"] < 9  # the close did not wait for a stuck thread (10 s timeout)
+
+
+_OUTCOME_MSG = (
+    "ProcessDisagreementError: GlobalBatchLoader: batch {n}: every process must make the batch "
+    "or end its source at the same batch, but {seen}. Give every process a source that yields "
+    "the same number of batches (e.g. torchshard.host_sampler with drop_last=True)."
+)
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_loader_ranks_whose_sources_end_at_different_batches_all_raise(pools, prefetch):
+    results = pools(2).run("loader_outcomes", kind="short", prefetch=prefetch)
+    seen = "process 0: a batch; process 1: the end of the source"
+    for r in results:
+        assert r["got"] == [[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]
+        assert r["error"] == _OUTCOME_MSG.format(n=2, seen=seen)
+        assert r["after"] == [(2, 2)] * 3
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_loader_failure_on_one_rank_raises_on_every_rank(pools, prefetch):
+    """Rank 1's source raises at batch 1: rank 1 gets its own error (with a note on the others),
+    rank 0 a ProcessDisagreementError naming rank 1's failure; nobody waits forever."""
+    r0, r1 = pools(2).run("loader_outcomes", kind="failure", prefetch=prefetch)
+    seen = "process 0: a batch; process 1: a failure: ValueError: bad batch 1 on rank 1"
+    assert r0["error"] == _OUTCOME_MSG.format(n=1, seen=seen)
+    assert r1["error"].startswith("ValueError: bad batch 1 on rank 1 ")
+    assert (
+        "(the other processes' outcomes differ: "
+        + _OUTCOME_MSG.format(n=1, seen=seen).removeprefix("ProcessDisagreementError: ")
+        in r1["error"]
+    )
+    for r in (r0, r1):
+        assert r["got"] == [[0.0, 0.0, 10.0, 10.0]]
+        assert r["after"] == [(2, 2)] * 3
+
+
+def test_loader_batch_of_another_shape_on_one_rank_raises_on_every_rank(pools):
+    """Rank 1's batch 1 has 3 columns: it fails rank 1's own check against batch 0, and rank 0
+    learns of it at the same batch."""
+    r0, r1 = pools(2).run("loader_outcomes", kind="shape", prefetch=2)
+    assert r0["error"].startswith(
+        "ProcessDisagreementError: GlobalBatchLoader: batch 1: every process must make the "
+        "batch or end its source at the same batch, but process 0: a batch; process 1: a "
+        "failure: ShardingError: "
+    )
+    assert r1["error"].startswith("ShardingError: ")
+    assert "batch 1" in r1["error"] and "(2, 3)" in r1["error"]
+    for r in (r0, r1):
+        assert r["got"] == [[0.0, 0.0, 10.0, 10.0]]
+        assert r["after"] == [(2, 2)] * 3
+
+
+def test_loader_batches_of_different_shapes_raise_the_leaf_path_on_every_rank(pools):
+    results = pools(2).run("loader_outcomes", kind="shape0", prefetch=2)
+    for r in results:
+        assert r["error"] == (
+            "ProcessDisagreementError: GlobalBatchLoader: batch 0: batch['x']: every process "
+            "must pass the same shape and "
+            "dtype for a leaf (the global shape is inferred from them); expected (2, 4) float32 "
+            "(as on process 0), got (2, 3) float32 on process(es) [1]. Make every process's "
+            "input yield the same shapes and dtypes (pad or drop a short last batch, or use "
+            "torchshard.InputDispatcher)."
+        )
+        assert r["got"] == []
+        assert r["after"] == [(2, 2)] * 3

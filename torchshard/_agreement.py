@@ -12,6 +12,13 @@ themselves gathered, to name the first leaf that differs; every process then rai
 The check is on by default. ``set_agreement_check(False)`` turns it off for the process, and so
 does the environment variable ``TORCHSHARD_AGREEMENT_CHECK=0``, read once when this module is
 first imported. Standard library only; the collective itself belongs to the backend.
+
+A ``GlobalBatchLoader`` assembles batches on a background thread, whose progress differs from
+process to process (one process may be making batch 7 while another has stopped after 6), so
+no collective may run there. Its consumer runs the check instead, once per ``next()``, on a
+description of the *outcome* of that batch: a batch (``describe``), the end of the source
+(``END``) or a failure (``failure``). Processes whose outcomes differ all raise at the same
+batch: the failing process its own error, the others ``outcome_disagreement``.
 """
 
 from __future__ import annotations
@@ -125,4 +132,34 @@ def disagreement(
     return ProcessDisagreementError(
         f"{argname}: the processes' call descriptions hash differently but read alike "
         f"({ref!r}); this is a torchshard bug."
+    )
+
+
+END = "the end of the source"
+
+
+def failure(error: BaseException) -> list[str]:
+    """The outcome description of a batch whose making raised ``error``."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return [f"a failure: {type(error).__name__}: {text}"]
+
+
+def outcome_disagreement(
+    what: str, per_process: Sequence[Sequence[str]], where: Callable[[int], str]
+) -> ProcessDisagreementError:
+    """The error for a loader's batch whose outcome differs between the processes.
+
+    ``per_process[p]`` is process ``p``'s outcome: ``describe`` output, ``[END]`` or
+    ``failure(e)``. When every process made a batch, this is ``disagreement``'s error."""
+    batches = [items for items in per_process if items and items[0].startswith("structure ")]
+    if len(batches) == len(per_process):
+        return disagreement(what, per_process, where)
+    seen = "; ".join(
+        f"process {p}: {items[0] if not items[0].startswith('structure ') else 'a batch'}"
+        for p, items in enumerate(per_process)
+    )
+    return ProcessDisagreementError(
+        f"{what}: every process must make the batch or end its source at the same batch, but "
+        f"{seen}. Give every process a source that yields the same number of batches (e.g. "
+        "torchshard.host_sampler with drop_last=True)."
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from torchshard._agreement import describe, disagreement
 from torchshard._backend import Backend, LocalShard, get_backend
 from torchshard._deprecation import warn_once
 from torchshard._errors import ShardingError, TreeStructureError, at
@@ -154,10 +155,12 @@ def _assemble(
     caller: str,
     argname: str,
     background: bool = False,
+    check: bool = True,
 ) -> Any:
     """Shared by the real path (``tree``) and the emulation (``per_host``: one tree per host).
 
-    ``background``: called from a loader thread; see ``Backend.make_global``."""
+    ``background``: called from a loader thread; see ``Backend.make_global``. ``check``: run
+    the cross-process agreement check (a collective; ``False`` when the caller runs it)."""
     mesh = require_mesh(caller)
     backend = get_backend(mesh)
     topology = current_topology(mesh)
@@ -174,10 +177,12 @@ def _assemble(
         )
     leaves, treespec = flatten(hosts[0])
     host_paths = [LazyPaths(treespec, argname if per_host is None else f"{argname}[0]")]
-    if per_host is None:  # before anything that could fail on one process only
-        backend.check_agreement(
-            mesh, argname, treespec, leaves, partition, host_paths[0].__getitem__
-        )
+    # Before anything that could fail on one process only. A loader checks on its consumer's
+    # thread instead (``check=False`` here, on its background thread).
+    if per_host is None and check and backend.agreement_active(mesh):
+        every = backend.exchange_agreement(mesh, describe(treespec, leaves, partition))
+        if every is not None:
+            raise disagreement(argname, every, host_paths[0].__getitem__)
     spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
     host_leaves = [leaves]
     for h, other in enumerate(hosts[1:], start=1):

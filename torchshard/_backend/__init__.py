@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -51,6 +51,12 @@ class Backend(Protocol):
 
     def activate(self, mesh: Mesh) -> None:
         """Called when ``mesh`` becomes the current mesh of a thread (``with mesh:``)."""
+        ...
+
+    def prepare(self, mesh: Mesh) -> None:
+        """Runs, on the calling thread, the set-up collectives later calls on ``mesh`` need
+        (DTensor: its ``DeviceMesh`` and the agreement group), so that a helper thread (a
+        loader's) never runs one. Called by ``activate`` and by a loader's ``iter()``."""
         ...
 
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
@@ -121,19 +127,20 @@ class Backend(Protocol):
         sharding ``axes`` on ``mesh``. Called while planning, before anything moves."""
         ...
 
-    def check_agreement(
-        self,
-        mesh: Mesh,
-        argname: str,
-        treespec: Any,
-        leaves: Sequence[Any],
-        partition: Any,
-        where: Callable[[int], str],
-    ) -> None:
-        """Raises the same ``ProcessDisagreementError`` on every process when the processes
-        passed different structures, partitions, shapes or dtypes to ``host_to_global_array``
-        (``where(i)`` is leaf ``i``'s path). Called before validation, so that no process
-        fails alone and leaves the others waiting in a collective. May be a no-op."""
+    def agreement_active(self, mesh: Mesh) -> bool:
+        """Whether the processes' calls are compared (``exchange_agreement`` is a collective
+        here): ``False`` on one process, when the check is off, or when the runtime has no
+        cheap collective outside a step."""
+        ...
+
+    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+        """Every process's ``items`` (a description of its call, see ``_agreement.describe``)
+        when they differ, ``None`` when they agree or ``agreement_active`` is ``False``.
+
+        A collective: every process calls it the same number of times, in the same order, on
+        the thread that runs the program (never a helper thread, whose progress differs from
+        process to process). Called before anything that could fail on one process only, so
+        that no process fails alone and leaves the others waiting in a collective."""
         ...
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._agreement import agreement_check_enabled, describe, digest, disagreement
+from torchshard._agreement import agreement_check_enabled, digest
 from torchshard._backend import LocalShard
 from torchshard._errors import NoProcessGroupError, ShardingError
 from torchshard._index import DimAxes, check_device_process
@@ -342,6 +342,9 @@ class DTensorBackend:
         return (dist.get_rank(),)
 
     def activate(self, mesh: Mesh) -> None:
+        self.prepare(mesh)
+
+    def prepare(self, mesh: Mesh) -> None:
         device_mesh(mesh)
         if dist.get_world_size() > 1:  # made here (collective), even if the check is off now
             _GROUPS.agreement_group()
@@ -444,30 +447,22 @@ class DTensorBackend:
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)
 
-    def check_agreement(
-        self,
-        mesh: Mesh,
-        argname: str,
-        treespec: Any,
-        leaves: Sequence[Any],
-        partition: Any,
-        where: Callable[[int], str],
-    ) -> None:
-        if not agreement_check_enabled():
-            return
+    def agreement_active(self, mesh: Mesh) -> bool:
+        return agreement_check_enabled() and dist.get_world_size() > 1
+
+    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+        if not self.agreement_active(mesh):
+            return None
         world = dist.get_world_size()
-        if world == 1:
-            return
         group = _GROUPS.agreement_group()
-        items = describe(treespec, leaves, partition)
         mine = torch.tensor([digest(items)], dtype=torch.int64)
         hashes = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(hashes, mine, group=group)
         if all(bool(h == hashes[0]) for h in hashes):
-            return
+            return None
         every: list[Any] = [None] * world
-        dist.all_gather_object(every, items, group=group)
-        raise disagreement(argname, every, where)
+        dist.all_gather_object(every, list(items), group=group)
+        return every
 
 
 BACKEND = DTensorBackend()

@@ -10,7 +10,7 @@ import functools
 import math
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -290,6 +290,9 @@ class XlaBackend:
     def activate(self, mesh: Mesh) -> None:
         _xs().set_global_mesh(to_xla_mesh(mesh))
 
+    def prepare(self, mesh: Mesh) -> None:
+        return None  # no set-up collective: the global mesh is host-side state
+
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
         if outer is not None and outer.backend == self.name:
             _xs().set_global_mesh(to_xla_mesh(outer))
@@ -382,16 +385,11 @@ class XlaBackend:
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         return None  # an OpSharding expresses every spec torchshard accepts
 
-    def check_agreement(
-        self,
-        mesh: Mesh,
-        argname: str,
-        treespec: Any,
-        leaves: Sequence[Any],
-        partition: Any,
-        where: Callable[[int], str],
-    ) -> None:
+    def agreement_active(self, mesh: Mesh) -> bool:
         # Not checked: torch_xla has no cheap collective outside a step (see docs/design.md).
+        return False
+
+    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
         return None
 
 

@@ -9,9 +9,12 @@ Data flow of one epoch (``iter(loader)``), see ``docs/design.md``:
    ``thread_mesh``), per batch: take a free slot, ``next(source)``, snapshot the source, check
    the batch against the first one, apply ``dispatcher.logical_to_physical_batch``, and
    ``host_to_global_array``.
-3. The consumer's ``next()`` takes the global batch and its snapshot, frees the slot and
-   records the position (batches consumed, the source's state after that batch), so
-   ``state_dict()`` describes what the consumer has taken, not what was prefetched.
+3. The consumer's ``next()`` takes the global batch and its snapshot, frees the slot, runs
+   the cross-process agreement check on the batch's outcome when the backend compares the
+   processes (DTensor: a collective, so never on the background thread, whose progress differs
+   from process to process; see ``_agreement``), and records the position (batches consumed,
+   the source's state after that batch), so ``state_dict()`` describes what the consumer has
+   taken, not what was prefetched.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from torchshard._agreement import END, describe, failure, outcome_disagreement
 from torchshard._assemble import DEFAULT_PARTITION, _assemble
+from torchshard._backend import get_backend
 from torchshard._errors import IndivisibleError, NoMeshError, ShardingError
 from torchshard._mesh import Mesh, current_mesh, thread_mesh
 from torchshard._partition import data_partition_type_to_spec
 from torchshard._spec import DataPartitionType
 from torchshard._topology import Topology, current_topology
+from torchshard._tree import LazyPaths, flatten
 from torchshard.data._batch_check import (
     BatchChecker,
     check_dispatch_feeds,
@@ -39,7 +45,28 @@ from torchshard.data._prefetch import Prefetcher
 
 # (one batch per host, the spec tree, background) -> the global batch. ``background``: it runs
 # on the loader's thread next to the step (see ``Backend.make_global``), not inside ``next()``.
+# It must not run the agreement check: the consumer runs it (``_Epoch._agree``).
 Assemble = Callable[[list[Any], Any, bool], Any]
+
+_OUTCOME = "_torchshard_outcome"  # attribute of a producer's exception: its outcome description
+
+
+@dataclasses.dataclass(frozen=True)
+class _Made:
+    """What the producer hands the consumer for one batch."""
+
+    batch: Any
+    snapshot: list[Any] | None
+    outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
+    where: Callable[[int], str] | None  # leaf paths for the agreement error
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ended:
+    """The value of the producer's ``StopIteration``."""
+
+    snapshot: list[Any] | None
+    outcome: list[str] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +113,7 @@ def _assemble_one(hosts: list[Any], spec: Any, background: bool) -> Any:
         caller="host_to_global_array",
         argname="host_arrays",
         background=background,
+        check=False,
     )
 
 
@@ -104,11 +132,13 @@ class _Producer:
         first: int,
         *,
         explicit_partition: bool = False,
+        agree: bool = False,
     ) -> None:
         self.its = its
         self.sources = sources if all(_stateful(s) for s in sources) else None
         self.dispatchers = dispatchers
         self.explicit_partition = explicit_partition
+        self.agree = agree  # describe each batch's outcome for the consumer's agreement check
         self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
         self.background = False  # set when a thread runs it
         self.spec = spec
@@ -142,8 +172,28 @@ class _Producer:
                 raise StopIteration(self.snapshot()) from None
         return hosts
 
-    def __call__(self, i: int) -> tuple[Any, list[Any] | None]:
+    def __call__(self, i: int) -> _Made:
         n = self.first + i
+        try:
+            out, snapshot, host = self._make(n)
+        except StopIteration as end:
+            raise StopIteration(_Ended(end.value, [END] if self.agree else None)) from None
+        except Exception as e:
+            if self.agree:
+                setattr(e, _OUTCOME, failure(e))
+            raise
+        if not self.agree:
+            return _Made(out, snapshot, None, None)
+        leaves, treespec = flatten(host)
+        paths = LazyPaths(treespec, "batch")
+        return _Made(
+            out,
+            snapshot,
+            describe(treespec, leaves, self.spec),
+            lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
+        )
+
+    def _make(self, n: int) -> tuple[Any, list[Any] | None, Any]:
         hosts = self._pull(n)
         snapshot = self.snapshot()
         per_host = len(hosts) > 1
@@ -179,7 +229,7 @@ class _Producer:
                 dispatcher=self.dispatchers is not None,
             ) from None
         self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
-        return out, snapshot
+        return out, snapshot, hosts[0]
 
 
 _END = object()
@@ -191,6 +241,7 @@ class _Epoch(Iterator[Any]):
     def __init__(self, owner: GlobalBatchLoader, producer: _Producer, prefetch: int) -> None:
         self._owner = owner
         self._mesh = producer.mesh
+        self._backend = get_backend(producer.mesh)
         self._next = producer.first
         self._producer: _Producer | None = producer
         self._prefetcher: Prefetcher[Any] | None = None
@@ -217,21 +268,57 @@ class _Epoch(Iterator[Any]):
         t0 = time.perf_counter()
         try:
             if self._prefetcher is not None:
-                batch, snapshot = self._prefetcher.get()
+                made = self._prefetcher.get()
             else:
-                batch, snapshot = self._produce_here()
+                made = self._produce_here()
         except StopIteration as end:
-            self._owner._record_end(self, end.value)
+            ended = end.value if isinstance(end.value, _Ended) else _Ended(None, None)
             self.close()
+            self._agree(ended.outcome, None, None)
+            self._owner._record_end(self, ended.snapshot)
             raise StopIteration from None
+        except Exception as e:
+            self.close()
+            self._agree(getattr(e, _OUTCOME, None), None, e)
+            raise
         except BaseException:
             self.close()
             raise
-        self._owner._record(self, snapshot, time.perf_counter() - t0)
+        try:
+            self._agree(made.outcome, made.where, None)
+        except BaseException:
+            self.close()
+            raise
+        self._owner._record(self, made.snapshot, time.perf_counter() - t0)
         self._next += 1
-        return batch
+        return made.batch
 
-    def _produce_here(self) -> Any:
+    def _agree(
+        self,
+        outcome: list[str] | None,
+        where: Callable[[int], str] | None,
+        error: BaseException | None,
+    ) -> None:
+        """The agreement check of batch ``self._next``'s outcome (a collective on every process,
+        in program order): raises ``ProcessDisagreementError`` on every process whose outcome is
+        a batch or the end when the outcomes differ; a process whose outcome is ``error`` gets
+        a note on it instead (its caller re-raises it)."""
+        if outcome is None:
+            return
+        every = self._backend.exchange_agreement(self._mesh, outcome)
+        if every is None:
+            return
+        problem = outcome_disagreement(
+            f"GlobalBatchLoader: batch {self._next}",
+            every,
+            where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}"),
+        )
+        if error is not None:
+            error.add_note(f"(the other processes' outcomes differ: {problem})")
+            return
+        raise problem
+
+    def _produce_here(self) -> _Made:
         producer = self._producer
         if producer is None:
             raise StopIteration
@@ -388,6 +475,8 @@ class GlobalBatchLoader(Iterable[Any]):
         with thread_mesh(mesh):
             self._check_hosts(current_topology(mesh))
             spec = self._spec()
+        backend = get_backend(mesh)
+        backend.prepare(mesh)  # its set-up collectives run here, never on the loader's thread
         its = [iter(s) for s in self._sources]  # DataLoader workers start in this thread
         first = self._resume_at or 0
         self._resume_at = None
@@ -401,6 +490,7 @@ class GlobalBatchLoader(Iterable[Any]):
             self._counters,
             first,
             explicit_partition=self._partition is not DEFAULT_PARTITION,
+            agree=len(self._sources) == 1 and backend.agreement_active(mesh),
         )
         self._snapshot = producer.snapshot()
         self._next_batch = first
