@@ -542,3 +542,34 @@ def test_dataclass_spec_prefix(mesh42):
     )
     _check_shards(g.ids, x, ts.current_mesh(), ts.P("data"))
     _check_shards(g.mask["m"], x, ts.current_mesh(), ts.P())
+
+
+# -- the plan cache --
+
+
+def test_repeated_calls_reuse_plans_but_never_data_or_skipped_checks(mesh42):
+    """A call's plans are kept by (mesh, topology, partition, structure, leaf types, shapes,
+    dtypes): a hit still reads the new data, a bad call in between is still refused (and not
+    cached), and a numpy leaf of the same shape is not taken for a tensor."""
+    from torchshard import _assemble
+    from torchshard._tree import structure
+
+    spec = ts.P(("data", "model"))
+    first = torch.arange(32).reshape(8, 4)
+    g = ts.host_to_global_array({"x": first}, partition=spec)
+    key = next(k for k in _assemble._CALLS if k[3] == structure({"x": 0}) and k[2] == spec)
+    plans = _assemble._CALLS[key]
+    assert all(not any(isinstance(v, torch.Tensor) for v in vars(p).values()) for p in plans)
+    with pytest.raises(ts.ShardingError, match=r"host_arrays\['x'\]"):
+        ts.host_to_global_array({"x": torch.zeros(7, 4)}, partition=spec)
+    second = first + 100
+    g = ts.host_to_global_array({"x": second}, partition=spec)
+    assert _assemble._CALLS[key] is plans  # a hit
+    _check_shards(g["x"], second.numpy(), ts.current_mesh(), spec)
+    g = ts.host_to_global_array({"x": second.numpy().astype(np.int32)}, partition=spec)
+    assert g["x"].dtype == torch.int32
+    _check_shards(g["x"], second.numpy(), ts.current_mesh(), spec)
+    needs_grad = second.float().requires_grad_()  # not cached: converted (detached) each call
+    for _ in range(2):
+        g = ts.host_to_global_array({"x": needs_grad}, partition=spec)
+        _check_shards(g["x"], second.float().numpy(), ts.current_mesh(), spec)

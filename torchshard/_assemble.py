@@ -4,8 +4,11 @@
 Data flow of ``host_to_global_array``: resolve the partition to a spec per leaf (prefix
 broadcast), convert every leaf to a CPU tensor (zero-copy for numpy), validate everything and
 plan every leaf (global shape, which slice of which host's block each local device gets) before
-anything moves, then hand one view per local device to the backend. Reading back asks the
-backend for the local shards (with their global ranges) and concatenates the distinct ranges.
+anything moves, then hand one view per local device to the backend. The plans of a call are
+kept, keyed by everything they depend on (mesh, topology, partition, tree structure, each
+leaf's type, shape and dtype), so a training loop's repeated calls skip straight to the views.
+Reading back asks the backend for the local shards (with their global ranges) and concatenates
+the distinct ranges.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchshard._agreement import describe, disagreement
@@ -33,6 +37,37 @@ from torchshard._tree import LazyPaths, broadcast_prefix, flatten, paths, unflat
 
 _REPLICATED = PartitionSpec()
 SUPPORTED = frozenset(SUPPORTED_DTYPES)
+
+# The plans of earlier calls (see ``_call_key``); cleared when it grows past the bound. Reads
+# and writes are single dict operations (atomic under the GIL): threads at worst plan twice.
+_CALLS: dict[tuple[Any, ...], list[HostPlan]] = {}
+_CALLS_BOUND = 512
+
+
+def _call_key(
+    mesh: Mesh, topology: Topology, partition: Any, treespec: Any, leaves: Sequence[Any]
+) -> tuple[Any, ...] | None:
+    """What a call's plans depend on, or ``None`` when the call is not cached (a partition
+    given as a tree of specs, a leaf that is not a CPU tensor or a numpy array). The leaf's
+    type is part of the key: a tensor that needs no conversion is used as it is on a hit."""
+    if not (
+        partition is DEFAULT_PARTITION
+        or type(partition) is PartitionSpec
+        or isinstance(partition, DataPartitionType)
+    ):
+        return None
+    sig: list[Any] = []
+    for x in leaves:
+        cls = type(x)
+        if cls is torch.Tensor:
+            if not x.is_cpu or x.requires_grad or x.dtype not in SUPPORTED:
+                return None
+            sig.append((x.shape, x.dtype))
+        elif cls is np.ndarray:
+            sig.append((cls, x.shape, x.dtype))
+        else:
+            return None
+    return (mesh, topology, partition, treespec, *sig)
 
 
 class _DefaultPartition:
@@ -183,6 +218,19 @@ def _assemble(
         every = backend.exchange_agreement(mesh, describe(treespec, leaves, partition))
         if every is not None:
             raise disagreement(argname, every, host_paths[0].__getitem__)
+    key = None if per_host is not None else _call_key(mesh, topology, partition, treespec, leaves)
+    if key is not None:
+        plans = _CALLS.get(key)
+        if plans is not None:  # validated and planned before: only the per-call work is left
+            if isinstance(partition, DataPartitionType):
+                _resolve_partition(partition, depth=2)  # its deprecation warning, if due
+            tensors = [
+                [x if type(x) is torch.Tensor else _host_tensor(x, host_paths[0], i)]
+                for i, x in enumerate(leaves)
+            ]
+            return _transfer(
+                backend, mesh, plans, tensors, {topology.process_index: 0}, background, treespec
+            )
     spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
     host_leaves = [leaves]
     for h, other in enumerate(hosts[1:], start=1):
@@ -225,6 +273,23 @@ def _assemble(
         for i in range(len(leaves))
     ]
 
+    if key is not None:
+        if len(_CALLS) >= _CALLS_BOUND:
+            _CALLS.clear()
+        _CALLS[key] = plans
+    return _transfer(backend, mesh, plans, tensors, slot, background, treespec)
+
+
+def _transfer(
+    backend: Backend,
+    mesh: Mesh,
+    plans: Sequence[HostPlan],
+    tensors: Sequence[list[torch.Tensor]],
+    slot: dict[int, int],
+    background: bool,
+    treespec: Any,
+) -> Any:
+    """One view per planned device of each leaf, handed to the backend; the output tree."""
     make_global = (
         functools.partial(backend.make_global, background=True)
         if background
