@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -38,9 +38,17 @@ from torchshard._tree import LazyPaths, broadcast_prefix, flatten, paths, unflat
 _REPLICATED = PartitionSpec()
 SUPPORTED = frozenset(SUPPORTED_DTYPES)
 
+
+class _Cached(NamedTuple):
+    """A call's plans, and per leaf the backend's ``make_global`` with all but shards bound."""
+
+    plans: list[HostPlan]
+    makers: list[Callable[[list[torch.Tensor]], torch.Tensor]]
+
+
 # The plans of earlier calls (see ``_call_key``); cleared when it grows past the bound. Reads
 # and writes are single dict operations (atomic under the GIL): threads at worst plan twice.
-_CALLS: dict[tuple[Any, ...], list[HostPlan]] = {}
+_CALLS: dict[tuple[Any, ...], _Cached] = {}
 _CALLS_BOUND = 512
 
 
@@ -220,17 +228,22 @@ def _assemble(
             raise disagreement(argname, every, host_paths[0].__getitem__)
     key = None if per_host is not None else _call_key(mesh, topology, partition, treespec, leaves)
     if key is not None:
-        plans = _CALLS.get(key)
-        if plans is not None:  # validated and planned before: only the per-call work is left
+        cached = _CALLS.get(key)
+        if cached is not None:  # validated and planned before: only the per-call work is left
             if isinstance(partition, DataPartitionType):
                 _resolve_partition(partition, depth=2)  # its deprecation warning, if due
+            slot = {topology.process_index: 0}
             tensors = [
                 [x if type(x) is torch.Tensor else _host_tensor(x, host_paths[0], i)]
                 for i, x in enumerate(leaves)
             ]
-            return _transfer(
-                backend, mesh, plans, tensors, {topology.process_index: 0}, background, treespec
-            )
+            if background:
+                return _transfer(backend, mesh, cached.plans, tensors, slot, True, treespec)
+            out = [
+                make(_device_shards(plan, per, slot))
+                for per, plan, make in zip(tensors, cached.plans, cached.makers, strict=True)
+            ]
+            return unflatten(treespec, out)
     spec_tree, full = _resolve_partition(partition, depth=2)  # _assemble <- public function
     host_leaves = [leaves]
     for h, other in enumerate(hosts[1:], start=1):
@@ -276,7 +289,8 @@ def _assemble(
     if key is not None:
         if len(_CALLS) >= _CALLS_BOUND:
             _CALLS.clear()
-        _CALLS[key] = plans
+        makers = [backend.global_maker(mesh, p.axes, p.global_shape) for p in plans]
+        _CALLS[key] = _Cached(plans, makers)
     return _transfer(backend, mesh, plans, tensors, slot, background, treespec)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -82,6 +82,13 @@ class Backend(Protocol):
         the training step's Python; prefer a transfer that lets other Python threads run (for
         torch_xla: one that releases the GIL) over the fastest single-threaded one.
         """
+        ...
+
+    def global_maker(
+        self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]
+    ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+        """``make_global`` (foreground) with everything but the shards bound, for a call that
+        is repeated (``host_to_global_array``'s plan cache keeps it with the plan)."""
         ...
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:

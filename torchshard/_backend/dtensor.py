@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -381,6 +381,13 @@ class DTensorBackend:
             shape=torch.Size(global_shape),
             stride=_contiguous_stride(global_shape),
         )
+
+    def global_maker(
+        self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]
+    ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+        # make_global itself: it looks the DeviceMesh up on every call, since a new default
+        # process group (same ranks) needs a new one.
+        return functools.partial(self.make_global, mesh, axes, global_shape)
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
         if not tensors:
