@@ -63,19 +63,36 @@ def run_gloo_workers(module: str, processes: int) -> Any:
         env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(processes))
         env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out)
-        procs = [
-            subprocess.Popen([sys.executable, "-m", module], env=dict(env, RANK=str(r)))
-            for r in range(processes)
-        ]
+        # The workers' output (gloo's connection lines) goes to a log, shown only on failure,
+        # so that it does not break up the table on stdout or the progress bar on stderr.
+        logs = [open(os.path.join(tmp, f"rank{r}.log"), "w+b") for r in range(processes)]
         try:
-            codes = [p.wait(timeout=TIMEOUT) for p in procs]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-m", module],
+                    env=dict(env, RANK=str(r)),
+                    stdout=logs[r],
+                    stderr=subprocess.STDOUT,
+                )
+                for r in range(processes)
+            ]
+            try:
+                codes = [p.wait(timeout=TIMEOUT) for p in procs]
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            if any(codes):
+                tails = []
+                for r, log in enumerate(logs):
+                    log.seek(0)
+                    text = log.read().decode(errors="replace")[-4000:]
+                    tails.append(f"--- rank {r} ---\n{text}")
+                raise RuntimeError(f"{module} workers exited with {codes}\n" + "\n".join(tails))
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if any(codes):
-            raise RuntimeError(f"{module} workers exited with {codes}")
+            for log in logs:
+                log.close()
         with open(out) as f:
             return json.load(f)
 
