@@ -6,18 +6,9 @@ import time
 import traceback
 
 import pytest
+from data_helpers import wait_until
 
 from torchshard.data._prefetch import Prefetcher
-
-
-def wait_until(cond, timeout=10.0):
-    """Polls ``cond`` until true (never asserts a time: the timeout only stops a hang)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def live(prefix="prefetch"):

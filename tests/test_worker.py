@@ -11,20 +11,11 @@ import time
 import weakref
 
 import pytest
+from data_helpers import wait_until
 
 from torchshard.data import _worker
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._worker import PARKED_NAME, parked_threads
-
-
-def wait_until(cond, timeout=10.0):
-    """Polls ``cond`` until true (never asserts a time: the timeout only stops a hang)."""
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def named(prefix):
