@@ -362,7 +362,11 @@ class GlobalBatchLoader(Iterable[Any]):
     with a note naming the batch): the source's own errors; ``ShardingError`` (a
     ``ValueError``) for a batch whose structure, shapes or dtypes differ from the first
     batch's, naming the batch and the tree path; ``IndivisibleError`` for a batch that does
-    not split over the devices, naming the dispatcher setting that fixes it.
+    not split over the devices, naming the dispatcher setting that fixes it. With several
+    processes on the DTensor backend (agreement check on), every process raises at the same
+    batch when their batches differ in structure, shape or dtype, or when one process's source
+    ends or fails there: ``ProcessDisagreementError`` naming each process's outcome (a
+    process whose source failed raises its own error, with a note).
 
     Example (mesh ``(4, 2)``; 8 rows per batch, one per device)::
 
