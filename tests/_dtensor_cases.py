@@ -481,6 +481,7 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
     has another shape), ``"shape0"`` (every batch of rank 1 has another shape). Afterwards
     three ``host_to_global_array`` calls (each with the agreement check's collective) show
     that the processes are still in step."""
+    import threading
     import time
 
     import torch.distributed as dist
@@ -502,7 +503,6 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
 
     got: list[float] = []
     error = "no error"
-    t0 = time.perf_counter()
     with mesh:
         loader = ts.GlobalBatchLoader(source(), prefetch=prefetch)
         try:
@@ -515,8 +515,8 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
                 f" {note}" for note in getattr(e, "__notes__", [])
             )
         loader.close()
-        closed = time.perf_counter() - t0
+        stuck = sorted(t.name for t in threading.enumerate() if t.name.startswith("torchshard-l"))
         after = [
             tuple(ts.host_to_global_array(torch.full((1, 2), float(k))).shape) for k in range(3)
         ]
-    return {"got": got, "error": error, "after": after, "seconds": closed}
+    return {"got": got, "error": error, "after": after, "stuck": stuck}

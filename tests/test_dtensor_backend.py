@@ -384,7 +384,7 @@ def test_loader_ranks_at_different_paces_stop_without_a_stuck_collective(pools, 
         assert r["error"] == "no error"
         assert r["got"] == [[float(i)] * 2 + [float(10 + i)] * 2 for i in range(3)]
         assert r["after"] == [(2, 2)] * 3
-        assert r["seconds"] < 9  # the close did not wait for a stuck thread (10 s timeout)
+        assert r["stuck"] == []  # close() joined the loader's thread: none is left in a collective
 
 
 _OUTCOME_MSG = (
