@@ -11,21 +11,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import helpers
 import numpy as np
 import torch
 
-DTYPES = {
-    "bool": torch.bool,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
+DTYPES = {str(dt).removeprefix("torch."): dt for dt in helpers.DTYPES}
 
 
 # -- inputs and the layout oracle (also used by the test process) ---------------------------

@@ -23,6 +23,20 @@ SHARED_CONFORMANCE = pathlib.Path(__file__).resolve().parents[1].parent / "share
 
 Ranges = tuple[tuple[int, int], ...]
 
+# Every dtype the issue names (written out here, not read from torchshard: an independent list).
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
+
 
 def load_conformance(name: str) -> dict[str, Any]:
     """One conformance file (``index_maps`` or ``host_layouts``) from ``tests/data``."""

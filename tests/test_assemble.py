@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
-from helpers import to_numpy, xla_shards
+from helpers import DTYPES, to_numpy, xla_shards
 
 import torchshard as ts
 from torchshard._backend import get_backend
@@ -105,19 +105,6 @@ def test_empty_batch(mesh42):
 
 
 # -- dtypes --
-
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
 
 
 def _values(dtype, shape):

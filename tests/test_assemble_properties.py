@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    DTYPES,
     host_segments,
     layout_is_uniform,
     take_segments,
@@ -35,18 +36,6 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
 NAMES = ("a", "b", "c")
 
 

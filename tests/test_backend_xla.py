@@ -11,11 +11,10 @@ import pytest
 import torch
 import torch_xla
 from data_helpers import Rows
-from helpers import host_segments, layout_is_uniform, torch_xla_placement, xla_shards
+from helpers import DTYPES, host_segments, layout_is_uniform, torch_xla_placement, xla_shards
 from hypothesis import event, given
 from hypothesis import strategies as st
 from test_assemble_properties import (
-    DTYPES,
     SETTINGS,
     _bits_equal,
     _block,
