@@ -97,6 +97,17 @@ def run_gloo_workers(module: str, processes: int) -> Any:
             return json.load(f)
 
 
+def finish_gloo_worker(figures: Any) -> None:
+    """The end of a ``run_gloo_workers`` worker: rank 0 writes ``figures`` (JSON) where the
+    parent reads them; every rank leaves the process group."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(os.environ["TORCHSHARD_BENCH_OUT"], "w") as f:
+            json.dump(figures, f)
+    dist.destroy_process_group()
+
+
 def measure(methods: dict[str, Callable[[], Any]]) -> dict[str, float]:
     """Median seconds per call of each method, called in lockstep by every rank (a barrier
     before each sample; the calls per sample are rank 0's, shared)."""
@@ -132,7 +143,7 @@ def _worker() -> None:
     import torchshard as ts
 
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     mesh = ts.create_device_mesh((world,), ("data",), backend="dtensor")
     figures = {}
     with mesh:
@@ -164,10 +175,7 @@ def _worker() -> None:
             methods = {"torchshard": checked, "torchshard unchecked": unchecked}
             methods["from_local"] = direct
             figures[case] = measure(methods)
-    if rank == 0:
-        with open(os.environ["TORCHSHARD_BENCH_OUT"], "w") as f:
-            json.dump(figures, f)
-    dist.destroy_process_group()
+    finish_gloo_worker(figures)
 
 
 if __name__ == "__main__":

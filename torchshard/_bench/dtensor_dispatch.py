@@ -22,12 +22,10 @@ may implement it as an all-reduce, which moves twice that).
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from torchshard._bench._report import Report
-from torchshard._bench.dtensor import measure, run_gloo_workers
+from torchshard._bench.dtensor import finish_gloo_worker, measure, run_gloo_workers
 
 NAME = "dtensor_dispatch"
 DESCRIPTION = "DTensor in-step dispatch on gloo processes: take_rows vs DTensor's index_select"
@@ -94,10 +92,7 @@ def _worker() -> None:
 
             assert torch.equal(ours(), theirs())
             figures[case] = measure({"torchshard": ours, "DTensor index_select": theirs})
-    if rank == 0:
-        with open(os.environ["TORCHSHARD_BENCH_OUT"], "w") as f:
-            json.dump(figures, f)
-    dist.destroy_process_group()
+    finish_gloo_worker(figures)
 
 
 if __name__ == "__main__":
