@@ -264,7 +264,7 @@ def annotate() -> dict[str, Any]:
     import torch.distributed as dist
 
     from torchshard._backend import get_backend
-    from torchshard._index import dim_axes
+    from torchshard._core.sharding import dim_axes
 
     ts = _ts()
     world = dist.get_world_size()
@@ -328,7 +328,7 @@ def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     from torchshard._backend import get_backend
-    from torchshard._index import dim_axes
+    from torchshard._core.sharding import dim_axes
 
     ts = _ts()
     world = dist.get_world_size()

@@ -71,7 +71,7 @@ def constraints() -> dict[str, Any]:
     a (2, 2) mesh): redistribution, strict errors, best-effort skips and their log lines."""
     import torch.distributed as dist
 
-    from torchshard._spec import UNCONSTRAINED
+    from torchshard._core.spec import UNCONSTRAINED
 
     ts = _ts()
     world = dist.get_world_size()

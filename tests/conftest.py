@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 import torchshard as ts
+
+# Hypothesis profiles, chosen with --hypothesis-profile (pyproject.toml's addopts picks "ci").
+# "ci": the same examples on every run (derandomized, no example database), so that a red run
+# is reproduced by running it again; a failure prints the reproduction blob. "explore": new
+# random examples each run, for hunting bugs locally (pytest --hypothesis-profile=explore).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
 
 
 @pytest.fixture
@@ -27,7 +35,7 @@ def mesh42():
 @pytest.fixture(autouse=True)
 def _no_leaked_context():
     """Every test leaves no mesh entered and no virtual topology installed."""
-    from torchshard._topology import is_virtual
+    from torchshard.testing._virtual import is_virtual
 
     assert ts.current_mesh() is None and not is_virtual()
     yield
@@ -38,7 +46,7 @@ def _no_leaked_context():
 @pytest.fixture
 def fresh_deprecations():
     """Forgets which once-per-process deprecation warnings were issued, before and after."""
-    from torchshard import _deprecation
+    from torchshard._core import deprecation as _deprecation
 
     _deprecation.reset()
     yield

@@ -107,6 +107,47 @@ def torch_xla_placement(
     return xla_shards(t)
 
 
+def spec_dim_axes(spec: Sequence[Any], ndim: int) -> list[tuple[str, ...]]:
+    """Per dimension, the mesh axes of a spec entry (``None`` -> ``()``, ``"a"`` -> ``("a",)``),
+    padded with ``()`` to ``ndim``."""
+    out = [() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in spec]
+    return out + [()] * (ndim - len(out))
+
+
+def reference_ranges(mesh: ts.Mesh, spec: Sequence[Any], shape: Sequence[int]) -> dict[int, Ranges]:
+    """``{device: ranges}`` by the placement rule, written out one device at a time with numpy.
+
+    The rule (torch_xla's; JAX's for even shapes): a dimension of size ``n`` split over mesh
+    axes ``(a, b, ...)`` has ``k = |a| * |b| * ...`` shards; the device at mesh coordinates
+    ``(.., i_a, .., i_b, ..)`` holds shard ``j = (i_a * |b| + i_b) * ...`` (the first axis
+    named is the major one), the rows ``[min(j * c, n), min((j + 1) * c, n))`` with
+    ``c = ceil(n / k)``. Reads only ``mesh.devices`` and ``mesh.axis_names``.
+    """
+    devices = np.asarray(mesh.devices)
+    names = list(mesh.axis_names)
+    dims = spec_dim_axes(spec, len(shape))
+    out = {}
+    for coords in np.ndindex(*devices.shape):
+        ranges = []
+        for n, axes in zip(shape, dims, strict=True):
+            j, k = 0, 1
+            for axis in axes:
+                size = devices.shape[names.index(axis)]
+                j = j * size + coords[names.index(axis)]
+                k *= size
+            c = math.ceil(n / k)
+            ranges.append((min(j * c, n), min((j + 1) * c, n)))
+        out[int(devices[coords])] = tuple(ranges)
+    return dict(sorted(out.items()))
+
+
+def virtual_host_of(num_hosts: int, num_devices: int = 8) -> tuple[int, ...]:
+    """``virtual_hosts``' device -> host map, written out: host ``h`` owns the ids
+    ``h * num_devices // num_hosts`` up to ``(h + 1) * num_devices // num_hosts - 1``."""
+    per_host = num_devices // num_hosts
+    return tuple(d // per_host for d in range(num_devices))
+
+
 def host_segments(
     index_map: Mapping[int, Ranges], device_host: Sequence[int], ndim: int
 ) -> dict[int, list[list[tuple[int, int]]]]:

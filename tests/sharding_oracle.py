@@ -1,32 +1,39 @@
-"""An independent check of in-step shardings: torch_xla's own shard indices against
-``NamedSharding.devices_indices_map``."""
+"""An independent check of in-step shardings: the shard indices torch_xla reports for a placed
+tensor (its public ``XLAShardedTensor.local_shards``) against the placement rule written out
+with numpy (``helpers.reference_ranges``). Neither side calls torchshard's index maths
+(``NamedSharding``, ``describe_layout``, host plans)."""
 
 from __future__ import annotations
 
 import torch
 import torch_xla
+from helpers import Ranges, reference_ranges, xla_shards
 
 import torchshard as ts
-from torchshard._backend import get_backend
 
 
-def placed_ranges(t: torch.Tensor, mesh: ts.Mesh) -> dict[int, tuple[tuple[int, int], ...]]:
+def placed_ranges(t: torch.Tensor, mesh: ts.Mesh) -> dict[int, Ranges]:
     """Every device's global ``[start, stop)`` per dimension, as torch_xla reports it (after
-    running and waiting for the pending step)."""
+    running and waiting for the pending step); checks that it reports every device of
+    ``mesh``."""
     torch_xla.sync(wait=True)
-    return {s.device: s.ranges for s in get_backend(mesh).local_shards([t])[0]}
+    out = {d: ranges for d, (ranges, _) in xla_shards(t).items()}
+    assert sorted(out) == sorted(mesh.device_ids), (sorted(out), mesh)
+    return out
 
 
 def expected_ranges(
     mesh: ts.Mesh, spec: ts.PartitionSpec, shape: tuple[int, ...]
-) -> dict[int, tuple[tuple[int, int], ...]]:
-    """The ranges ``NamedSharding(mesh, spec)`` names for a global ``shape``."""
-    return {
-        d: tuple((s.start, s.stop) for s in idx)
-        for d, idx in ts.NamedSharding(mesh, spec).devices_indices_map(shape).items()
-    }
+) -> dict[int, Ranges]:
+    """The ranges the placement rule gives ``spec`` on ``mesh`` for a global ``shape``,
+    computed by ``helpers.reference_ranges`` (numpy, from the mesh's device ids and axis
+    names only)."""
+    return reference_ranges(mesh, tuple(spec), shape)
 
 
 def assert_sharded_as(t: torch.Tensor, mesh: ts.Mesh, spec: ts.PartitionSpec) -> None:
     """``t`` is laid out over ``mesh`` exactly as ``spec`` says."""
-    assert placed_ranges(t, mesh) == expected_ranges(mesh, spec, tuple(t.shape))
+    placed = placed_ranges(t, mesh)
+    expected = expected_ranges(mesh, spec, tuple(t.shape))
+    wrong = {d: (placed.get(d), expected.get(d)) for d in expected if placed.get(d) != expected[d]}
+    assert placed == expected, f"{spec!r} on {mesh!r}: device -> (placed, expected): {wrong}"

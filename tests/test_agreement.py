@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import torchshard as ts
-from torchshard._agreement import describe, digest, disagreement
-from torchshard._tree import LazyPaths, flatten
+from torchshard._core.agreement import describe, digest, disagreement
+from torchshard._core.tree import LazyPaths, flatten
 
 
 def _describe(tree, partition=None):

@@ -1,5 +1,6 @@
 """host_to_global_array, host_to_global_specs, global_to_host_array, replicate_to_local_data
-(torchshard._assemble): types, dtypes, shardings, threads, deprecations, read-back."""
+(torchshard._host_to_global, _engine, _readback): types, dtypes, shardings, threads,
+deprecations, read-back."""
 
 import collections
 import dataclasses
@@ -469,7 +470,7 @@ def test_deprecation_points_at_the_caller_through_every_entry(mesh42, fresh_depr
     with pytest.warns(DeprecationWarning) as record:
         ts.host_to_global_specs({"x": np.zeros(8)}, partition=ts.DataPartitionType.FULL)
     assert [w.filename for w in record] == [__file__]
-    from torchshard import _deprecation
+    from torchshard._core import deprecation as _deprecation
 
     _deprecation.reset()
     with virtual_hosts(2), pytest.warns(DeprecationWarning) as record:
@@ -538,20 +539,20 @@ def test_repeated_calls_reuse_plans_but_never_data_or_skipped_checks(mesh42):
     """A call's plans are kept by (mesh, topology, partition, structure, leaf types, shapes,
     dtypes): a hit still reads the new data, a bad call in between is still refused (and not
     cached), and a numpy leaf of the same shape is not taken for a tensor."""
-    from torchshard import _assemble
-    from torchshard._tree import structure
+    from torchshard import _engine
+    from torchshard._core.tree import structure
 
     spec = ts.P(("data", "model"))
     first = torch.arange(32).reshape(8, 4)
     g = ts.host_to_global_array({"x": first}, partition=spec)
-    key = next(k for k in _assemble._CALLS if k[3] == structure({"x": 0}) and k[2] == spec)
-    plans = _assemble._CALLS[key].plans
+    key = next(k for k in _engine._CALLS if k[3] == (structure({"x": 0}),) and k[2] == spec)
+    plans = _engine._CALLS[key].plans
     assert all(not any(isinstance(v, torch.Tensor) for v in vars(p).values()) for p in plans)
     with pytest.raises(ts.ShardingError, match=r"host_arrays\['x'\]"):
         ts.host_to_global_array({"x": torch.zeros(7, 4)}, partition=spec)
     second = first + 100
     g = ts.host_to_global_array({"x": second}, partition=spec)
-    assert _assemble._CALLS[key].plans is plans  # a hit
+    assert _engine._CALLS[key].plans is plans  # a hit
     _check_shards(g["x"], second.numpy(), ts.current_mesh(), spec)
     g = ts.host_to_global_array({"x": second.numpy().astype(np.int32)}, partition=spec)
     assert g["x"].dtype == torch.int32

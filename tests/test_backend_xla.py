@@ -24,10 +24,24 @@ from test_assemble_properties import (
 )
 
 import torchshard as ts
+from torchshard._backend import get_backend
 from torchshard._backend import xla as backend_xla
 from torchshard._backend.xla import _stacked
+from torchshard._core.topology import current_topology
+from torchshard._engine import place, plan, read
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
-from torchshard.testing._virtual import assemble_per_host
+
+
+def assemble_per_host(blocks, *, partition, background):
+    """The engine as the per-host loader's thread calls it (``background``)."""
+    mesh = ts.current_mesh()
+    backend, topology = get_backend(mesh), current_topology(mesh)
+    call = read(blocks, topology, partition, per_host=True)
+    return place(backend, mesh, plan(mesh, backend, topology, call), call, background=background)
+
+
+def _index(ranges):
+    return tuple(slice(a, b) for a, b in ranges)
 
 
 @pytest.fixture
@@ -36,7 +50,7 @@ def routes(monkeypatch):
     size qualifies for the GIL-free route (the tests use small arrays)."""
     monkeypatch.setattr(backend_xla, "GIL_FREE_MIN_BYTES", 0)
     seen = {"gil-free": 0, "direct": 0}
-    gil_free, direct = backend_xla._tensors_from_aten, backend_xla._global_tensor_from_cpu_shards
+    gil_free, direct = backend_xla._tensors_from_aten, backend_xla.global_tensor_from_cpu_shards
 
     def count_gil_free(*args):
         seen["gil-free"] += 1
@@ -47,7 +61,7 @@ def routes(monkeypatch):
         return direct(*args)
 
     monkeypatch.setattr(backend_xla, "_tensors_from_aten", count_gil_free)
-    monkeypatch.setattr(backend_xla, "_global_tensor_from_cpu_shards", count_direct)
+    monkeypatch.setattr(backend_xla, "global_tensor_from_cpu_shards", count_direct)
     return seen
 
 
@@ -88,7 +102,6 @@ def test_background_transfer_places_every_shard_as_torch_xla_does(case, routes):
     blocks = [_block(G, segments[h]) for h in range(hosts)]
     if as_numpy:
         blocks = [b.numpy() for b in blocks]
-    index_map = ts.NamedSharding(mesh, spec).devices_indices_map(shape)
     before = dict(routes)
     with virtual_hosts(hosts), mesh:
         g = assemble_per_host(blocks, partition=spec, background=True)
@@ -98,8 +111,8 @@ def test_background_transfer_places_every_shard_as_torch_xla_does(case, routes):
     shards = xla_shards(g)
     assert sorted(shards) == list(range(8))
     for d, (ranges, data) in shards.items():  # each device holds exactly its shard
-        assert ranges == xla_map[d], d
-        assert _bits_equal(data, G[index_map[d]]), d
+        assert ranges == xla_map[d], d  # where mark_sharding puts it
+        assert _bits_equal(data, G[_index(ranges)]), d  # the values torch_xla says it holds
     gil_free = _gil_free_layout(mesh, spec, len(shape))
     kind = "direct" if not gil_free else "replicated" if not any(tuple(spec)) else "dim 0 over all"
     event(f"{hosts} hosts, {kind}")
@@ -143,9 +156,12 @@ def test_permuted_mesh_background_transfer(routes):
             g = ts.GlobalBatchLoader([{"x": x}], partition=ts.P(mesh.axis_names))
             (batch,) = list(g)
             assert torch.equal(ts.global_to_host_array(batch)["x"], x)
-            expected = ts.NamedSharding(mesh, ts.P(mesh.axis_names)).devices_indices_map((16, 4))
-            for d, (_, data) in xla_shards(batch["x"]).items():
-                assert torch.equal(data, x[expected[d]])
+            placed = torch_xla_placement(x, mesh, ts.P(mesh.axis_names))  # mark_sharding's
+            shards = xla_shards(batch["x"])
+            assert sorted(shards) == list(range(8))
+            for d, (ranges, data) in shards.items():
+                assert ranges == placed[d][0], d
+                assert torch.equal(data, x[_index(ranges)]), d
     assert routes == {"gil-free": 2, "direct": 0}
 
 

@@ -7,10 +7,17 @@ import json
 
 import pytest
 
-from torchshard._bench import BENCHES
-from torchshard._bench._display import Progress, print_tables
-from torchshard._bench._report import Report, Timing, compare, configure, measure, paired_ratio
-from torchshard._bench.sweep import SIZES, batch_shape, label_bytes, size_label
+from torchshard._tools.bench import BENCHES
+from torchshard._tools.bench._display import Progress, print_tables
+from torchshard._tools.bench._report import (
+    Report,
+    Timing,
+    compare,
+    configure,
+    measure,
+    paired_ratio,
+)
+from torchshard._tools.bench.sweep import SIZES, batch_shape, label_bytes, size_label
 
 
 class _Terminal(io.StringIO):
@@ -151,4 +158,4 @@ def test_sweep_sizes():
     for n in SIZES:
         rows, cols = batch_shape(n)
         assert rows % 8 == 0 and rows * cols * 4 == n and label_bytes(size_label(n)) == n
-    assert BENCHES["sweep"] == "torchshard._bench.sweep"
+    assert BENCHES["sweep"] == "torchshard._tools.bench.sweep"

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import torchshard as ts
-from torchshard._bench import BENCHES
-from torchshard._cli import parse_spec
+from torchshard._tools.bench import BENCHES
+from torchshard._tools.cli import parse_spec
 
 
 def _run(*args, env=None):

@@ -16,7 +16,7 @@ from sharding_oracle import assert_sharded_as, placed_ranges
 import torchshard as ts
 from torchshard import _constraint
 from torchshard._backend import get_backend
-from torchshard._spec import UNCONSTRAINED
+from torchshard._core.spec import UNCONSTRAINED
 
 P = ts.P
 

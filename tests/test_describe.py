@@ -1,6 +1,7 @@
 """describe_layout / visualize_sharding / save_png, against independent oracles: the conformance
 vectors (torch_xla's and JAX's index maps), torch_xla's own reported shards
-(``XLAShardedTensor.local_shards``), and the virtual-host rule d // (8 // n)."""
+(``XLAShardedTensor.local_shards``), the placement rule written out with numpy
+(``helpers.reference_ranges``), and the virtual-host rule d // (8 // n)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ import numpy as np
 import pytest
 import torch
 import torch_xla.distributed.spmd as xs
+from helpers import (
+    host_segments,
+    index_map_ranges,
+    reference_ranges,
+    take_segments,
+    torch_xla_placement,
+    virtual_host_of,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,17 +88,49 @@ def layouts(draw):
 
 @settings(max_examples=200, deadline=None)
 @given(layouts())
-def test_describe_layout_agrees_with_named_sharding(case):
+def test_describe_layout_agrees_with_the_numpy_reference(case):
+    # The oracle is the placement rule written out with numpy (helpers.reference_ranges, itself
+    # checked against torch_xla's mark_sharding below) and the virtual-host rule d // (8 // n);
+    # nothing here calls NamedSharding.
     mesh, spec, shape, hosts = case
     layout = ts.describe_layout(mesh, spec, shape, num_hosts=hosts)
-    sharding = ts.NamedSharding(mesh, spec)
-    assert layout.devices_indices_map() == sharding.devices_indices_map(shape)
+    want = reference_ranges(mesh, spec, shape)
+    assert _ranges(layout) == want
+    assert index_map_ranges(layout.devices_indices_map(), shape) == want
     assert layout.devices == tuple(range(8))
-    owners = make_virtual_topology(8, hosts).device_process
-    assert [b.host for b in layout.blocks] == [d // (8 // hosts) for d in range(8)] == list(owners)
+    owners = virtual_host_of(hosts)
+    assert [b.host for b in layout.blocks] == list(owners)
+    assert make_virtual_topology(8, hosts).device_process == owners
+    segments = host_segments(want, owners, len(shape))
+    glob = np.arange(int(np.prod(shape))).reshape(shape)
     for h, (devices, local) in layout.host_blocks().items():
         assert devices == tuple(d for d in range(8) if owners[d] == h)
-        assert local == sharding.process_local_shape(shape, h, device_process=owners)
+        assert local == take_segments(glob, segments[h]).shape
+
+
+@pytest.mark.parametrize(
+    ("ids", "names", "spec", "shape"),
+    [
+        (np.arange(8).reshape(4, 2), ("data", "model"), ("data", "model"), (8, 4)),
+        (np.arange(8).reshape(4, 2), ("data", "model"), (("model", "data"),), (16, 3)),
+        (np.arange(8).reshape(4, 2), ("data", "model"), (("data", "model"),), (5,)),
+        (np.arange(8).reshape(4, 2), ("data", "model"), ("data", None), (10, 3)),
+        (np.array([0, 4, 1, 5, 2, 6, 3, 7]).reshape(2, 4), ("a", "b"), ("b", "a"), (8, 6)),
+        (np.array([3, 1, 7, 5, 0, 2, 6, 4]).reshape(2, 4), ("x", "y"), (None, ("y", "x")), (2, 8)),
+        (
+            np.array([5, 2, 7, 0, 1, 6, 4, 3]).reshape(2, 2, 2),
+            ("a", "b", "c"),
+            (("c", "a"), "b"),
+            (7, 4),
+        ),
+        (np.arange(8), ("data",), (), (5,)),
+    ],
+)
+def test_numpy_reference_agrees_with_torch_xla_mark_sharding(ids, names, spec, shape):
+    # The oracle of the property above, checked against torch_xla itself.
+    mesh = ts.Mesh(ids, names)
+    placed = torch_xla_placement(np.zeros(shape, np.float32), mesh, spec)
+    assert {d: r for d, (r, _) in placed.items()} == reference_ranges(mesh, spec, shape)
 
 
 @pytest.mark.parametrize("case", _load("index_maps"), ids=lambda c: c["id"])

@@ -12,7 +12,7 @@ import torch
 from sharding_oracle import assert_sharded_as
 
 import torchshard as ts
-from torchshard import _deprecation
+from torchshard._core import deprecation as _deprecation
 
 P = ts.P
 KEY = ts.PHYSICAL_TO_LOGICAL_DISPATCH_KEY

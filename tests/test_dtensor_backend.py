@@ -359,7 +359,7 @@ def test_set_agreement_check_returns_the_old_setting():
 
 
 def test_agreement_env_var_is_read_at_import():
-    code = "from torchshard._agreement import agreement_check_enabled as f; print(f())"
+    code = "from torchshard._core.agreement import agreement_check_enabled as f; print(f())"
     env = dict(os.environ, TORCHSHARD_AGREEMENT_CHECK="0")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300

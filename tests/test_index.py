@@ -1,4 +1,5 @@
-"""NamedSharding index maths (torchshard._index): pure numpy, checked by hand-worked layouts.
+"""NamedSharding index maths (torchshard._core.sharding): pure numpy, checked by hand-worked
+layouts.
 
 The exhaustive comparisons with torch_xla's own shard indices are in test_conformance.py and
 test_assemble_properties.py.

@@ -1,12 +1,13 @@
-"""Host plans (torchshard._layout): global shape from a local block, per-device pieces."""
+"""Host plans (torchshard._core.plan): global shape from a local block, per-device pieces."""
 
 import re
 
 import numpy as np
 import pytest
+from helpers import host_segments, reference_ranges, take_segments, virtual_host_of
 
 import torchshard as ts
-from torchshard._layout import block_offsets, infer_global_shape, plan_from_local
+from torchshard._core.plan import block_offsets, infer_global_shape, plan_from_local
 
 ONE_HOST = (0,) * 8
 TWO_HOSTS = (0,) * 4 + (1,) * 4
@@ -53,6 +54,68 @@ def test_device_holding_the_whole_local_dim_gets_no_cut():
     plan = plan_from_local(mesh, ts.P("data", "model"), (3, 8), TWO_HOSTS, ALL)
     assert plan.global_shape == (6, 8)
     assert [p.cuts for p in plan.pieces] == [((1, 2 * (d % 4), 2),) for d in range(8)]
+
+
+# Meshes whose device order does not follow host boundaries.
+PERMUTED24 = ts.Mesh(np.array([0, 4, 1, 5, 2, 6, 3, 7]).reshape(2, 4), ("a", "b"))
+PERMUTED42 = ts.Mesh(np.array([0, 2, 4, 6, 1, 3, 5, 7]).reshape(4, 2), ("data", "model"))
+MESH24 = ts.Mesh(np.arange(8).reshape(2, 4), ("a", "b"))
+
+# Hosts whose shards are not contiguous: (mesh, spec, hosts, global shape, host 0's distinct
+# ranges per dim). The expected pieces and host blocks are numpy slices of the global array
+# (helpers.reference_ranges: the placement rule written out).
+NON_CONTIGUOUS = [
+    (PERMUTED24, ts.P("b"), 2, (8, 3), [[(0, 2), (4, 6)], [(0, 3)]]),
+    (MESH24, ts.P(("b", "a")), 2, (16, 2), [[(0, 2), (4, 6), (8, 10), (12, 14)], [(0, 2)]]),
+    (MESH42, ts.P(("model", "data")), 4, (16, 3), [[(0, 2), (8, 10)], [(0, 3)]]),
+    (PERMUTED24, ts.P("a", "b"), 2, (4, 8), [[(0, 2), (2, 4)], [(0, 2), (4, 6)]]),
+    (PERMUTED42, ts.P("data"), 4, (8, 3), [[(0, 2), (4, 6)], [(0, 3)]]),
+]
+NON_CONTIGUOUS_IDS = [
+    "permuted mesh, 2 hosts: host 0 holds rows 0:2 and 4:6",
+    "minor axis crosses hosts, 2 hosts: host 0 holds every other pair of rows",
+    "minor axis crosses hosts, 4 hosts: host 0 holds rows 0:2 and 8:10",
+    "permuted mesh, 2 hosts: host 0 holds every row, columns 0:2 and 4:6",
+    "permuted mesh, 4 hosts: hosts 0 and 1 both hold rows 0:2 and 4:6",
+]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "spec", "hosts", "shape", "host0"), NON_CONTIGUOUS, ids=NON_CONTIGUOUS_IDS
+)
+def test_hosts_with_non_contiguous_shards_get_their_pieces_in_global_order(
+    mesh, spec, hosts, shape, host0
+):
+    owners = virtual_host_of(hosts)
+    glob = np.arange(int(np.prod(shape))).reshape(shape)
+    ranges = reference_ranges(mesh, spec, shape)
+    segments = host_segments(ranges, owners, len(shape))
+    assert segments[0] == host0  # the case is what its name says
+    blocks = {h: take_segments(glob, seg) for h, seg in segments.items()}
+    local_shape = blocks[0].shape
+    assert {b.shape for b in blocks.values()} == {local_shape}
+
+    plan = plan_from_local(mesh, spec, local_shape, owners, ALL)
+    assert plan.global_shape == shape and plan.local_shape == local_shape
+    assert [(p.device, p.owner) for p in plan.pieces] == [(d, owners[d]) for d in range(8)]
+    got = _apply(plan, blocks)
+    for d in range(8):
+        want = glob[tuple(slice(a, b) for a, b in ranges[d])]
+        np.testing.assert_array_equal(got[d], want, err_msg=f"device {d}")
+
+
+def test_a_host_block_of_rows_0_2_and_4_6_is_cut_where_each_range_landed():
+    # Written out by hand: mesh (2, 4) with ids [[0, 4, 1, 5], [2, 6, 3, 7]], P("b"), 2 hosts.
+    # Host 0 (devices 0-3) sits in "b" columns 0 and 2, so it holds global rows 0:2 and 4:6,
+    # concatenated: its local rows 2:4 are global rows 4:6.
+    glob = np.arange(24).reshape(8, 3)
+    blocks = {0: glob[[0, 1, 4, 5]], 1: glob[[2, 3, 6, 7]]}
+    plan = plan_from_local(PERMUTED24, ts.P("b"), (4, 3), TWO_HOSTS, ALL)
+    assert plan.global_shape == (8, 3)
+    got = _apply(plan, blocks)
+    rows = {0: 0, 1: 4, 2: 0, 3: 4, 4: 2, 5: 6, 6: 2, 7: 6}  # device -> first global row
+    for d, r in rows.items():
+        np.testing.assert_array_equal(got[d], glob[r : r + 2], err_msg=f"device {d}")
 
 
 def test_two_cut_pieces_and_no_single_split():

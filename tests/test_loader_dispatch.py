@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch_xla
 from data_helpers import loader_threads, no_loader_thread_left, save_resume
+from helpers import reference_ranges, virtual_host_of
 from sharding_oracle import assert_sharded_as
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -30,11 +31,12 @@ KEY = ts.PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
 
 class Examples(Dataset):
-    """Example ``i``: its id, 3 float32 features with arbitrary bits, 2 int32 tokens, a flag."""
+    """Example ``i``: its id, 3 (or ``features``) float32 features with arbitrary bits, 2 int32
+    tokens, a flag."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, features: int = 3) -> None:
         rng = np.random.default_rng(7)
-        self.x = rng.standard_normal((n, 3)).astype(np.float32) * 1e3
+        self.x = rng.standard_normal((n, features)).astype(np.float32) * 1e3
         self.tok = rng.integers(-(2**31), 2**31 - 1, (n, 2), dtype=np.int32)
         self.n = n
 
@@ -205,7 +207,7 @@ def test_padding_hosts_read_the_shard_their_read_config_names():
 # -- SpmdInputDispatcher ---------------------------------------------------------------------
 
 SPMD_CASES = {
-    # name: (hosts, mesh device ids (4, 2), spec, global logical)
+    # name: (hosts, mesh device ids (4, 2), spec, global logical[, features per example])
     "1 host, P(data)": (1, np.arange(8), ts.P("data"), 8),
     "2 hosts, P(data)": (2, np.arange(8), ts.P("data"), 8),
     "4 hosts, P((data, model))": (4, np.arange(8), ts.P(("data", "model")), 8),
@@ -214,18 +216,23 @@ SPMD_CASES = {
     # Host 0 holds rows 1 and 3 of the mesh, host 1 rows 0 and 2: each host's block is split
     # into two pieces that interleave in the global batch (as in JAX).
     "2 hosts, interleaved mesh": (2, np.array([4, 5, 0, 1, 6, 7, 2, 3]), ts.P("data"), 8),
+    # 8 rows of 32768 float32 make "x" a 1 MiB leaf: with prefetch, the loader's thread sends it
+    # by torch_xla's GIL-free transfer, whose tile order torchshard writes itself.
+    "2 hosts, reversed, 1 MiB": (2, np.arange(8)[::-1].copy(), ts.P(("data", "model")), 8, 32768),
 }
 
 
 def global_rows(mesh, spec, host_rows):
     """JAX's layout rule, by numpy: host ``h`` (devices ``h * 8 // n ...``) holds the dim-0
-    slices of its devices; its rows fill them in increasing order."""
+    slices of its devices (``helpers.reference_ranges``, the placement rule written out with
+    numpy, not torchshard's index maths); its rows fill them in increasing order."""
     hosts = len(host_rows)
     total = sum(len(r) for r in host_rows)
-    index = ts.NamedSharding(mesh, spec).devices_indices_map((total,))
+    ranges = reference_ranges(mesh, tuple(spec), (total,))
+    owners = virtual_host_of(hosts)
     out = np.full(total, -1)
     for h, rows in enumerate(host_rows):
-        starts = sorted({index[d][0].start for d in range(8) if d // (8 // hosts) == h})
+        starts = sorted({ranges[d][0][0] for d in range(8) if owners[d] == h})
         size = len(rows) // len(starts)
         for k, start in enumerate(starts):
             out[start : start + size] = rows[k * size : (k + 1) * size]
@@ -236,9 +243,9 @@ def global_rows(mesh, spec, host_rows):
 @pytest.mark.parametrize("prefetch", [0, 2])
 @pytest.mark.parametrize("case", list(SPMD_CASES))
 def test_spmd_input_dispatcher_epoch_is_exact(case, prefetch):
-    hosts, ids, spec, global_logical = SPMD_CASES[case]
+    hosts, ids, spec, global_logical, *features = SPMD_CASES[case]
     n = 64
-    dataset = Examples(n)
+    dataset = Examples(n, *features)
     mesh = ts.Mesh(ids.reshape(4, 2), ("data", "model"))
     with mesh:
         dispatchers = []
@@ -262,6 +269,39 @@ def test_spmd_input_dispatcher_epoch_is_exact(case, prefetch):
     for got, want in zip(logical, expected, strict=True):
         assert_batch_equal(got, dataset.rows(want))
     assert sorted(i for b in expected for i in b) == list(range(n))
+    assert no_loader_thread_left()
+
+
+class Wide(Dataset):
+    """Example ``i``: its id and 32768 float32 features (128 KiB), so that a batch of 8 is a
+    1 MiB leaf."""
+
+    def __init__(self, n: int) -> None:
+        self.wide = np.arange(n * 32768, dtype=np.float32).reshape(n, 32768)
+
+    def __len__(self) -> int:
+        return len(self.wide)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {"id": np.int64(i), "wide": self.wide[i]}
+
+
+def test_a_1_mib_leaf_from_the_loader_thread_is_placed_as_the_dispatchers_spec_says():
+    # Leaves of 1 MiB or more that the loader's thread assembles take torch_xla's GIL-free
+    # transfer, for which torchshard writes the tile order itself (from its index maths): the
+    # placement is checked against torch_xla's report and the numpy rule (sharding_oracle).
+    dataset = Wide(32)
+    mesh = ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+    spec = ts.P(("data", "model"))
+    with mesh:
+        dispatchers = [ts.SpmdInputDispatcher(8, partition_spec=spec)]
+        loaders = host_loaders(dataset, dispatchers, shuffle=False)
+        batches = list(make_loader(loaders, dispatchers, 1, prefetch=2))
+        assert len(batches) == 4
+        for s, batch in enumerate(batches):
+            assert_sharded_as(batch["wide"], mesh, ts.P(*spec, None))
+            got = ts.replicate_to_local_data(batch["wide"])
+            assert torch.equal(got, torch.from_numpy(dataset.wide[8 * s : 8 * (s + 1)]))
     assert no_loader_thread_left()
 
 

@@ -1,4 +1,5 @@
-"""Mesh: an immutable grid of device ids, and the thread-local mesh context (torchshard._mesh)."""
+"""Mesh: an immutable grid of device ids, and the thread-local mesh context
+(torchshard._core.mesh)."""
 
 import pickle
 import re

@@ -1,5 +1,5 @@
 """input_partition_spec, data_partition_type_to_spec, complete_partition_spec_tree
-(torchshard._partition), ported from axlearn's utils_test.py and extended."""
+(torchshard._core.partition), ported from axlearn's utils_test.py and extended."""
 
 import collections
 import dataclasses
@@ -10,7 +10,7 @@ import optree
 import pytest
 
 import torchshard as ts
-from torchshard._tree import structure
+from torchshard._core.tree import structure
 
 
 @pytest.mark.parametrize(

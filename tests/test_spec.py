@@ -1,4 +1,4 @@
-"""PartitionSpec / P, UNCONSTRAINED and DataPartitionType (torchshard._spec)."""
+"""PartitionSpec / P, UNCONSTRAINED and DataPartitionType (torchshard._core.spec)."""
 
 import pickle
 import re
@@ -6,7 +6,7 @@ import re
 import pytest
 
 import torchshard as ts
-from torchshard._spec import UNCONSTRAINED, as_partition_spec, spec_entry_axes
+from torchshard._core.spec import UNCONSTRAINED, as_partition_spec, spec_entry_axes
 
 
 def test_is_a_tuple_equal_to_the_same_tuple():

@@ -1,14 +1,26 @@
-"""Pytree handling (torchshard._tree): None as an empty subtree, dataclasses as nodes, paths,
+"""Pytree handling (torchshard._core.tree): None as an empty subtree, dataclasses as nodes, paths,
 prefix broadcasting with precise errors."""
 
 import collections
 import dataclasses
 import re
 
+import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchshard as ts
-from torchshard._tree import LazyPaths, broadcast_prefix, flatten, paths, structure, unflatten
+from torchshard._core.tree import (
+    NAMESPACE,
+    LazyPaths,
+    broadcast_prefix,
+    flatten,
+    paths,
+    structure,
+    unflatten,
+)
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -132,3 +144,55 @@ def test_broadcast_prefix_tuple_is_not_a_prefix_of_a_namedtuple():
 
 def test_structure():
     assert structure({"a": None, "b": [1]}) == flatten({"a": None, "b": [1]})[1]
+
+
+# -- flat dicts: flattened again from their keys, not by optree --
+
+_VALUES = st.one_of(
+    st.integers(),
+    st.none(),
+    st.just(np.zeros(2)),
+    st.builds(lambda v: torch.full((1,), v), st.integers(0, 9)),
+    st.builds(lambda a: (a,), st.integers()),
+    st.builds(lambda a: {"inner": a}, st.integers()),
+    st.builds(lambda a: Node(a), st.integers()),
+)
+_KEYS = st.one_of(st.text(max_size=3), st.integers(-3, 3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=st.dictionaries(_KEYS, _VALUES, max_size=6),
+    again=st.lists(_VALUES, max_size=6),
+)
+def test_a_flat_dict_seen_before_flattens_as_optree_does(first, again):
+    """Flattening a dict whose keys were seen before takes the memo of its treespec when every
+    value is a leaf of a type seen before; whatever the values, the result is optree's."""
+    import optree
+
+    def reference(tree):
+        return optree.tree_flatten(tree, none_is_leaf=False, namespace=NAMESPACE)
+
+    flatten(first)  # records the keys when every value is a leaf
+    values = (again + [None] * len(first))[: len(first)]
+    second = dict(zip(first, values, strict=True))
+    for tree in (first, second):
+        leaves, spec = flatten(tree)
+        ref_leaves, ref_spec = reference(tree)
+        assert spec == ref_spec
+        assert len(leaves) == len(ref_leaves)
+        assert all(a is b for a, b in zip(leaves, ref_leaves, strict=True))
+        rebuilt = unflatten(spec, leaves)
+        assert list(rebuilt) == list(tree)  # the dict's own key order
+        assert all(a is b for a, b in zip(reference(rebuilt)[0], ref_leaves, strict=True))
+
+
+def test_a_flat_dict_keeps_its_key_order_and_its_values():
+    a = {"b": torch.zeros(1), "a": np.ones(1)}
+    flatten(a)
+    b = {"b": np.full(1, 2.0), "a": torch.ones(1)}  # same keys, other values and types
+    leaves, spec = flatten(b)
+    assert leaves[0] is b["a"] and leaves[1] is b["b"]  # optree's order: sorted keys
+    assert list(unflatten(spec, leaves)) == ["b", "a"]  # the dict's own order back
+    c = {"a": torch.ones(1), "b": np.ones(1)}  # same keys, other insertion order
+    assert list(unflatten(*reversed(flatten(c)))) == ["a", "b"]

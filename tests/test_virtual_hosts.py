@@ -1,5 +1,5 @@
 """virtual_hosts and the per-host functions (torchshard.testing), and the topology override
-they install (torchshard._topology)."""
+they install (torchshard._core.topology)."""
 
 import re
 import threading
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import torchshard as ts
-from torchshard._topology import Topology, current_topology, is_virtual, override_topology
+from torchshard._core.topology import Topology, current_topology, override_topology
 from torchshard.testing import (
     global_to_host_array_per_host,
     host_to_global_array_per_host,
     make_virtual_topology,
     virtual_hosts,
 )
+from torchshard.testing._virtual import is_virtual
 
 
 def test_outside_the_emulation_one_process_owns_every_device():

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchshard._backend import get_backend
-from torchshard._errors import ShardingError, at
-from torchshard._index import dim_axes
-from torchshard._mesh import Mesh, current_mesh
-from torchshard._spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
-from torchshard._tree import LazyPaths, broadcast_prefix, flatten, unflatten
+from torchshard._core.errors import ShardingError, at
+from torchshard._core.mesh import Mesh, current_mesh
+from torchshard._core.sharding import dim_axes
+from torchshard._core.spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
+from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
 
 _LOG = logging.getLogger("torchshard")
 _LOGGED: set[str] = set()
@@ -90,10 +90,16 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
             it). ``TypeError`` for a leaf that is not a tensor of the mesh's backend. Nothing
             is annotated when any leaf is bad.
 
-    Example (mesh ``(4, 2)``, axes ``data``/``model``)::
-
+    Example (a product's rows over ``data``, its columns over ``model``):
+        >>> from torchshard.testing import assert_sharded
+        >>> from torchshard import P
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
         >>> with mesh:
-        ...     y = with_sharding_constraint(x, P("data"))   # rows over "data", inside the step
+        ...     x = torchshard.host_to_global_array(np.ones((8, 4), np.float32))
+        ...     y = torchshard.with_sharding_constraint(x @ x.T, P("data", "model"))
+        ...     assert_sharded(y, P("data", "model"))
+        >>> y.shape
+        torch.Size([8, 8])
     """
     if spec is None:
         return x
@@ -157,9 +163,16 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
         ``x`` itself when ``spec is None``, with no current mesh, or on a one-device mesh;
         otherwise a new tree.
 
-    Example:
+    Example (a hint for 3-D activations; a 2-D leaf it cannot apply to is left as it is):
+        >>> from torchshard.testing import assert_sharded
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
         >>> with mesh:
-        ...     h = maybe_shard(h, ("data", None, "model"))   # activations hint
+        ...     h = torchshard.host_to_global_array(np.ones((8, 3, 4), np.float32))
+        ...     w = torchshard.host_to_global_array(np.ones((8, 4), np.float32))
+        ...     h2, w2 = torchshard.maybe_shard((h * 2, w), ("data", None, "model"))
+        ...     assert_sharded(h2, torchshard.P("data", None, "model"))
+        >>> w2 is w
+        True
     """
     if spec is None:
         return x

@@ -31,10 +31,10 @@ import torch
 
 from torchshard._backend import backend_of
 from torchshard._constraint import maybe_shard
-from torchshard._deprecation import warn_once
-from torchshard._errors import ShardingError
-from torchshard._spec import PartitionSpec
-from torchshard._tree import LazyPaths, flatten, unflatten
+from torchshard._core.deprecation import warn_once
+from torchshard._core.errors import ShardingError
+from torchshard._core.spec import PartitionSpec
+from torchshard._core.tree import LazyPaths, flatten, unflatten
 
 PHYSICAL_TO_LOGICAL_DISPATCH_KEY = "__physical_to_logical_batch_dispatch"
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
@@ -260,9 +260,13 @@ def dispatch_input_batch(
             whose dim 0 is not the key's physical size, a nested key, or (``check``) a column
             that is not one-hot. ``TypeError`` for a key of the wrong dtype.
 
-    Example:
-        >>> batch = {"x": torch.arange(4), KEY: torch.tensor([[1, 0], [0, 1], [0, 0], [0, 0]])}
-        >>> dispatch_input_batch(batch)
+    Example (without a mesh; 4 physical rows, of which rows 0 and 1 are the logical ones):
+        >>> import warnings
+        >>> key = torchshard.PHYSICAL_TO_LOGICAL_DISPATCH_KEY
+        >>> batch = {"x": torch.arange(4), key: torch.tensor([[1, 0], [0, 1], [0, 0], [0, 0]])}
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", DeprecationWarning)  # prefer InputDispatcher
+        ...     torchshard.dispatch_input_batch(batch)
         {'x': tensor([0, 1])}
     """
     warn_once(

@@ -25,6 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import current_mesh
+from torchshard._core.partition import input_partition_spec
+from torchshard._core.spec import PartitionSpec
+from torchshard._core.tensor_spec import TensorSpec
+from torchshard._core.topology import current_topology
+from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
     ToIndices,
@@ -33,14 +40,7 @@ from torchshard._dispatch import (
     onehot_to_indices,
     row_targets_to_indices,
 )
-from torchshard._errors import ShardingError
 from torchshard._host_data import shape_dtype
-from torchshard._mesh import current_mesh
-from torchshard._partition import input_partition_spec
-from torchshard._spec import PartitionSpec
-from torchshard._tensor_spec import TensorSpec
-from torchshard._topology import current_topology
-from torchshard._tree import LazyPaths, flatten, unflatten
 
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
@@ -107,14 +107,28 @@ class InputDispatcher:
             batch not divisible by the physical feeds or smaller per feed than the logical one,
             a feed index out of range, repeated logical feed indices.
 
-    Example (2 hosts, 8 devices, 2 examples per step, only host 0 reads data)::
-
-        >>> d = InputDispatcher(2, num_physical_feeds=2, physical_feed_index=0,
-        ...                     logical_feed_indices=(0,))
+    Example (2 hosts, 8 devices, 2 examples per step, only host 0 reads data):
+        >>> d = torchshard.InputDispatcher(
+        ...     2, num_physical_feeds=2, physical_feed_index=0, logical_feed_indices=(0,)
+        ... )
         >>> d.feed_physical_batch_size, d.global_physical_batch_size
         (4, 8)
         >>> d.feed_read_config()
         {'num_shards': 1, 'shard_index': 0}
+
+    The whole path, with both hosts played by this process (host 1 pads; its rows are dropped):
+        >>> from torchshard.testing import host_to_global_array_per_host, virtual_hosts
+        >>> with virtual_hosts(2), torchshard.Mesh(np.arange(8), ("data",)):
+        ...     feeds = [
+        ...         torchshard.InputDispatcher(2, physical_feed_index=h, logical_feed_indices=(0,))
+        ...         for h in range(2)
+        ...     ]
+        ...     rows = {"x": np.array([10, 11])}  # the shard both feeds read (shard 0 of 1)
+        ...     batches = [f.logical_to_physical_batch(rows) for f in feeds]
+        ...     g = host_to_global_array_per_host(batches, partition=feeds[0].partition_spec)
+        ...     out = feeds[0].physical_to_logical_batch(g)  # in the step
+        ...     torchshard.replicate_to_local_data(out)
+        {'x': tensor([10, 11])}
     """
 
     def __init__(
@@ -276,10 +290,16 @@ class InputDispatcher:
                 ``TypeError`` for a root that is not a dict (the key needs one), a leaf that
                 is not a host array, or a dtype that cannot be zero-padded.
 
-        Example:
-            >>> d.logical_to_physical_batch({"x": np.arange(2)})   # fl = 2, fp = 4, feed 0
-            {'x': array([0, 1, 0, 0]), '__physical_to_logical_batch_dispatch': array([ 0,  1, -1, -1])}
-        """  # noqa: E501
+        Example (feed 0 of 2 reads 2 rows and pads them to 4):
+            >>> d = torchshard.InputDispatcher(
+            ...     2, num_physical_feeds=2, physical_feed_index=0, logical_feed_indices=(0,)
+            ... )
+            >>> d.feed_logical_batch_size, d.feed_physical_batch_size
+            (2, 4)
+            >>> d.logical_to_physical_batch({"x": np.arange(2)})
+            {'x': array([0, 1, 0, 0]),
+             '__physical_to_logical_batch_dispatch': array([ 0,  1, -1, -1])}
+        """
         leaves, treespec = flatten(logical_feed_batch)
         where = LazyPaths(treespec, "logical_feed_batch")
         fl, fp = self.feed_logical_batch_size, self.feed_physical_batch_size

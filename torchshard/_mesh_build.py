@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._mesh import Mesh
+from torchshard._backend import backend_by_name
+from torchshard._core.mesh import Mesh
+from torchshard._core.topology import current_topology
 
 MeshShape = Sequence[int]
 
@@ -19,9 +21,18 @@ class HybridMeshShape:
     """A mesh shape for hybrid parallelism: ICI (within a host group) times DCN (across).
 
     The mesh shape is ``ici * dcn`` per axis; the DCN part is split across process groups
-    (hosts). Example: 2 hosts of 4 devices, axes ``(data, model)``:
-    ``HybridMeshShape(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1))`` gives a ``(4, 2)`` mesh
-    whose first two rows are host 0's devices.
+    (hosts).
+
+    Example (2 hosts of 4 devices: a ``(4, 2)`` mesh whose first two rows are host 0's):
+        >>> from torchshard.testing import virtual_hosts
+        >>> shape = torchshard.HybridMeshShape(ici_mesh_shape=(2, 2), dcn_mesh_shape=(2, 1))
+        >>> with virtual_hosts(2):
+        ...     mesh = torchshard.create_device_mesh(shape, ("data", "model"))
+        >>> mesh.devices
+        array([[0, 1],
+               [2, 3],
+               [4, 5],
+               [6, 7]])
     """
 
     ici_mesh_shape: tuple[int, ...]
@@ -43,7 +54,7 @@ def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -
     """``mesh_shape`` with its (at most one) ``-1`` inferred from the device count.
 
     Example:
-        >>> infer_mesh_shape((-1, 2), num_devices=8)
+        >>> torchshard.infer_mesh_shape((-1, 2), num_devices=8)
         (4, 2)
     """
     mesh_shape = tuple(int(n) for n in mesh_shape)
@@ -63,8 +74,6 @@ def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -
 
 
 def _device_count() -> int:
-    from torchshard._topology import current_topology
-
     return current_topology().device_count
 
 
@@ -87,20 +96,24 @@ def create_device_mesh(
     ``init_device_mesh`` (every rank must call this, as for any DeviceMesh).
 
     Example:
-        >>> create_device_mesh((-1, 2), ("data", "model")).shape["data"]
-        4
-        >>> # on each of 4 processes, after torch.distributed.init_process_group("gloo"):
-        >>> create_device_mesh((2, 2), ("data", "model"), backend="dtensor").native
-        DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('data', 'model'))
-    """
-    from torchshard._backend import backend_by_name
-    from torchshard._topology import Topology, current_topology, is_virtual
+        >>> mesh = torchshard.create_device_mesh((-1, 2), ("data", "model"))
+        >>> mesh
+        Mesh({'data': 4, 'model': 2})
+        >>> mesh.devices
+        array([[0, 1],
+               [2, 3],
+               [4, 5],
+               [6, 7]])
 
-    topology: Topology
-    if backend == "xla" and is_virtual():
-        topology = current_topology()
-    else:  # the named backend's devices, whatever the process's default backend is
-        topology = backend_by_name(backend).topology()
+    Example (on each of 4 processes, after ``torch.distributed.init_process_group("gloo")``)::
+
+        mesh = torchshard.create_device_mesh((2, 2), ("data", "model"), backend="dtensor")
+        mesh.devices.tolist()  # [[0, 1], [2, 3]]: the ranks
+        mesh.native  # DeviceMesh((data=2, model=2), device: 'cpu', stride: (2, 1))
+    """
+    runtime = backend_by_name(backend)
+    # The named backend's devices (or their emulation), whatever the default backend is.
+    topology = current_topology(backend=backend)
     ids = (
         np.arange(topology.device_count)
         if devices is None
@@ -116,11 +129,7 @@ def create_device_mesh(
                 "given; a mesh must cover every device."
             )
         grid = ids.reshape(shape)
-    if backend == "dtensor":
-        from torchshard._backend import dtensor
-
-        return dtensor.create_mesh(np.asarray(grid, dtype=np.int64), axis_names)
-    return Mesh(grid, axis_names, backend=backend)
+    return runtime.create_mesh(np.asarray(grid, dtype=np.int64), tuple(axis_names))
 
 
 def _hybrid(shape: HybridMeshShape, ids: np.ndarray, device_process: Sequence[int]) -> Any:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-
-class MissingDependencyError(ImportError):
-    """An optional dependency needed by the requested feature is not installed."""
+from torchshard._core.errors import MissingDependencyError
 
 
 def has_rich() -> bool:

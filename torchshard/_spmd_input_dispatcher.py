@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchshard._errors import ShardingError
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import require_mesh
+from torchshard._core.sharding import NamedSharding
+from torchshard._core.spec import PartitionSpec, as_partition_spec, spec_entry_axes
+from torchshard._core.tensor_spec import TensorSpec
+from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._host_data import shape_dtype
-from torchshard._index import NamedSharding
 from torchshard._input_dispatcher import positive_int
-from torchshard._mesh import require_mesh
-from torchshard._spec import PartitionSpec, as_partition_spec, spec_entry_axes
-from torchshard._tensor_spec import TensorSpec
-from torchshard._tree import LazyPaths, flatten, unflatten
 
 
 class SpmdInputDispatcher:
@@ -35,11 +35,15 @@ class SpmdInputDispatcher:
         ValueError: an empty spec, or a batch not divisible by the partitions of dim 0.
         NotImplementedError: a spec that splits another dimension.
 
-    Example (mesh ``(4, 2)``, axes ``data``/``model``, 2 hosts)::
-
-        >>> d = SpmdInputDispatcher(8, partition_spec=P("data"))
-        >>> d.feed_read_config()   # on host 1
+    Example (mesh ``(4, 2)``, axes ``data``/``model``, on host 1 of 2):
+        >>> from torchshard.testing import virtual_hosts
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+        >>> with virtual_hosts(2, process_index=1), mesh:
+        ...     d = torchshard.SpmdInputDispatcher(8, partition_spec=torchshard.P("data"))
+        >>> d.feed_read_config()
         {'num_shards': 2, 'shard_index': 1}
+        >>> d.feed_logical_batch_size
+        4
     """
 
     def __init__(self, global_logical_batch_size: int, *, partition_spec: PartitionSpec) -> None:

@@ -1,8 +1,11 @@
-"""Drawing a ``ShardingLayout``: a text grid (plain or ``rich``) and a PNG (matplotlib).
+"""Showing layouts: ``visualize_sharding`` (a text grid, plain or ``rich``), the PNG drawer
+behind ``ShardingLayout.save_png`` (matplotlib), and ``layout_of_tensor`` (the layout of a
+placed tensor, from the blocks its backend reports).
 
 1-D and 2-D arrays are drawn as a grid of their distinct blocks (dim 0 down, dim 1 across),
 each cell naming the devices that hold the block and their host; other ranks, and grids too
-large for a terminal, become a table with one row per distinct block.
+large for a terminal, become a table with one row per distinct block. The plain-text picture
+and the grid maths are the pure core's (``torchshard._core.layout``).
 """
 
 from __future__ import annotations
@@ -11,129 +14,55 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from torchshard._describe import LayoutBlock, ShardingLayout, layout_of_tensor
+import torch
+
+from torchshard._backend import get_backend
+from torchshard._core.layout import (
+    LayoutBlock,
+    ShardingLayout,
+    cell_lines,
+    footer,
+    grid,
+    install_png_drawer,
+    render_plain,
+    span_text,
+    table_rows,
+)
+from torchshard._core.mesh import current_mesh
+from torchshard._core.topology import current_topology
 from torchshard._optional import has_rich, require_matplotlib, require_rich
 
-_MAX_GRID_ROWS = 64
-_MAX_GRID_COLS = 8
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_black", "white")
 
-Span = tuple[int, int]
 
+def layout_of_tensor(tensor: Any) -> ShardingLayout:
+    """The layout of a placed global tensor, from the blocks its backend reports for it.
 
-def compact(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` as ``0-3,6`` (runs of three or more become ranges)."""
-    ids = sorted(ids)
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{ids[i]}-{ids[j]}")
-        else:
-            out.extend(str(x) for x in ids[i : j + 1])
-        i = j + 1
-    return ",".join(out)
-
-
-def _span(r: Span) -> str:
-    return f"{r[0]}:{r[1]}"
-
-
-def cell_lines(blocks: Sequence[LayoutBlock]) -> tuple[str, str]:
-    """The two label lines of a block: its devices and their hosts."""
-    devs = [b.device for b in blocks]
-    hosts = sorted({b.host for b in blocks})
-    dev = f"device {devs[0]}" if len(devs) == 1 else f"devices {compact(devs)}"
-    host = f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {compact(hosts)}"
-    return dev, host
-
-
-def grid(
-    layout: ShardingLayout,
-) -> tuple[list[Span], list[Span] | None, dict[tuple[int, int], tuple[LayoutBlock, ...]]] | None:
-    """Rows (dim-0 spans), columns (dim-1 spans, None for 1-D) and the blocks of each cell;
-    None when the layout is drawn as a table (rank not 1 or 2, or too many blocks)."""
-    ndim = len(layout.global_shape)
-    if ndim not in (1, 2):
-        return None
-    rows = sorted({r[0] for r in layout.distinct_blocks})
-    cols = sorted({r[1] for r in layout.distinct_blocks}) if ndim == 2 else None
-    if len(rows) > _MAX_GRID_ROWS or len(cols or ()) > _MAX_GRID_COLS:
-        return None
-    cells = {}
-    for ranges, blocks in layout.distinct_blocks.items():
-        i = rows.index(ranges[0])
-        j = cols.index(ranges[1]) if cols is not None else 0
-        cells[(i, j)] = blocks
-    return rows, cols, cells
-
-
-def _table_rows(layout: ShardingLayout) -> list[tuple[str, str, str]]:
-    rows = []
-    for ranges, blocks in layout.distinct_blocks.items():
-        block = "[" + ", ".join(_span(r) for r in ranges) + "]"
-        rows.append(
-            (block, compact([b.device for b in blocks]), compact(sorted({b.host for b in blocks})))
+    Hosts come from the current topology (emulated inside ``virtual_hosts``); the mesh is the
+    current mesh, if any. On one host of many, only that host's devices are known. A tensor
+    its backend holds unsharded (never annotated) is whole on every local device.
+    """
+    mesh = current_mesh()
+    backend = get_backend(mesh)
+    if not backend.is_global(tensor):
+        got = type(tensor).__name__
+        if isinstance(tensor, torch.Tensor):
+            got = f"a tensor on {tensor.device}"
+        raise TypeError(
+            "visualize_sharding: expected a global (XLA) tensor or a ShardingLayout, but got "
+            f"{got}."
         )
-    return rows
-
-
-def footer(layout: ShardingLayout) -> list[str]:
-    """Per host: its devices and local block shape; a note on uneven splits."""
-    lines = []
-    for h, (devs, shape) in layout.host_blocks().items():
-        lines.append(f"host {h}: devices {compact(devs)}, local block shape {shape}")
-    for i, n in enumerate(layout.global_shape):
-        lengths = {r[i][1] - r[i][0] for r in layout.distinct_blocks}
-        if len(lengths) > 1:
-            lines.append(
-                f"note: dim {i} ({n}) splits unevenly, into blocks of sizes {sorted(lengths)}; "
-                "torchshard's host_to_global_array refuses it (pad the batch), torch_xla pads."
-            )
-    return lines
-
-
-def _box_table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    out = [rule]
-    for n, r in enumerate(rows):
-        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
-        if n == 0:
-            out.append(rule)
-    out.append(rule)
-    return out
-
-
-def render_plain(layout: ShardingLayout) -> str:
-    """The layout as plain text: title, grid or table, host lines."""
-    lines = [layout.title(), ""]
-    g = grid(layout)
-    if g is None:
-        lines += _box_table([("block", "devices", "hosts"), *_table_rows(layout)])
+    shape = tuple(int(n) for n in tensor.shape)
+    topo = current_topology(mesh)
+    if backend.is_sharded(tensor):
+        pairs = [(s.device, s.ranges) for s in backend.local_shards([tensor])[0]]
     else:
-        rows, cols, cells = g
-        ncols = len(cols) if cols is not None else 1
-        labels = {k: cell_lines(v) for k, v in cells.items()}
-        width = max([len(s) for pair in labels.values() for s in pair] + [3]) + 2
-        head = max(len(_span(r)) for r in rows)
-        rule = " " * head + " +" + "+".join("-" * width for _ in range(ncols)) + "+"
-        if cols is not None:
-            lines.append(" " * head + "  " + " ".join(_span(c).center(width) for c in cols))
-        lines.append(rule)
-        for i, r in enumerate(rows):
-            for k in range(2):
-                text = [
-                    (" " + labels[(i, j)][k]).ljust(width) if (i, j) in labels else " " * width
-                    for j in range(ncols)
-                ]
-                label = _span(r) if k == 0 else ""
-                lines.append(label.rjust(head) + " |" + "|".join(text) + "|")
-            lines.append(rule)
-    lines += ["", *footer(layout)]
-    return "\n".join(line.rstrip() for line in lines)
+        whole = tuple((0, n) for n in shape)
+        pairs = [(d, whole) for d in backend.local_devices(mesh)]
+    blocks = tuple(
+        LayoutBlock(d, topo.device_process[d], r) for d, r in sorted(pairs, key=lambda p: p[0])
+    )
+    return ShardingLayout(shape, blocks, topo.process_count, mesh, None)
 
 
 def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
@@ -156,7 +85,7 @@ def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
         for name in ("block", "devices", "hosts"):
             table.add_column(name)
         for (block, devs, hosts), blocks in zip(
-            _table_rows(layout), layout.distinct_blocks.values(), strict=True
+            table_rows(layout), layout.distinct_blocks.values(), strict=True
         ):
             colour = _COLOURS[blocks[0].host % len(_COLOURS)]
             table.add_row(block, devs, Text(hosts, style=f"bold {colour}"))
@@ -164,10 +93,10 @@ def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
         rows, cols, cells = g
         table.add_column("", justify="right", style="dim")
         for c in cols if cols is not None else [None]:
-            table.add_column(_span(c) if c is not None else "", justify="center")
+            table.add_column(span_text(c) if c is not None else "", justify="center")
         ncols = len(cols) if cols is not None else 1
         for i, r in enumerate(rows):
-            row: list[Any] = [_span(r)]
+            row: list[Any] = [span_text(r)]
             row += [styled(cells[(i, j)]) if (i, j) in cells else "" for j in range(ncols)]
             table.add_row(*row)
     console.print(layout.title())
@@ -190,9 +119,25 @@ def visualize_sharding(
     Returns:
         The ``ShardingLayout`` (``.save_png(path)`` draws it into a picture).
 
-    Example:
-        >>> layout = describe_layout(mesh, P("data", "model"), (16, 8), num_hosts=2)
-        >>> visualize_sharding(layout).save_png("layout.png")
+    Example (columns over ``model``, replicated over ``data``; plain text, as without rich):
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+        >>> with mesh:
+        ...     x = torchshard.host_to_global_array(
+        ...         np.zeros((8, 4)), partition=torchshard.P(None, "model")
+        ...     )
+        ...     layout = torchshard.visualize_sharding(x, use_rich=False)
+        tensor on Mesh({'data': 4, 'model': 2}): global shape (8, 4), 1 host
+        <BLANKLINE>
+                    0:2               2:4
+            +-----------------+-----------------+
+        0:8 | devices 0,2,4,6 | devices 1,3,5,7 |
+            | host 0          | host 0          |
+            +-----------------+-----------------+
+        <BLANKLINE>
+        host 0: devices 0-7, local block shape (8, 4)
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     layout.save_png(os.path.join(tmp, "layout.png"))
     """
     if isinstance(tensor_or_layout, ShardingLayout):
         layout = tensor_or_layout
@@ -208,8 +153,8 @@ def visualize_sharding(
     return layout
 
 
-def save_png(layout: ShardingLayout, path: str, *, dpi: int = 120) -> None:
-    """Draws ``layout`` into a PNG at ``path`` (see ``ShardingLayout.save_png``)."""
+def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
+    """Draws ``layout`` into a PNG at ``path`` (behind ``ShardingLayout.save_png``)."""
     require_matplotlib("ShardingLayout.save_png")
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
@@ -217,7 +162,7 @@ def save_png(layout: ShardingLayout, path: str, *, dpi: int = 120) -> None:
     cmap = [f"C{i}" for i in range(10)]
     g = grid(layout)
     if g is None:
-        rows = _table_rows(layout)
+        rows = table_rows(layout)
         fig = Figure(figsize=(7, 1.2 + 0.28 * len(rows)))
         ax = fig.add_subplot()
         ax.axis("off")
@@ -286,3 +231,6 @@ def save_png(layout: ShardingLayout, path: str, *, dpi: int = 120) -> None:
     fig.suptitle(layout.title().replace(": global shape", "\nglobal shape"), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi, format="png")
+
+
+install_png_drawer(save_png)

@@ -1,12 +1,19 @@
-"""The backend boundary: what a runtime must supply to place and read sharded arrays.
+"""The backend registry and the boundary every runtime implements (``Backend``).
 
 Everything above this boundary (specs, meshes, index maths, tree handling, validation, global
 shape inference, which host slice goes to which device) is backend-independent. A backend
 supplies the runtime's devices and their owners, builds a global tensor from one host slice per
 local device, reads local shards back with their global index ranges, annotates in-step
-sharding, and supplies the two primitives of in-step dispatch (``full_local``, ``take_rows``).
-``get_backend(mesh)`` picks the backend named by the mesh; without a mesh, the process's default
-backend (``default_backend_name``).
+sharding, supplies the two primitives of in-step dispatch (``full_local``, ``take_rows``), and
+may contribute a cross-process agreement step (``agree``).
+
+Registration: a backend module calls ``register_backend(name, instance)`` when it is imported.
+``KNOWN`` names the module of each backend torchshard ships, so that ``backend_by_name`` can
+import it the first time a mesh names it (torch_xla and torch.distributed load only when used);
+a third backend is one new module and one line in ``KNOWN``. Importing this package installs
+the registry into the pure core's runtime slot (``torchshard._core.runtime``), which is how
+``with mesh:``, ``Mesh.from_xla`` and ``current_topology`` reach a backend without the core
+importing one.
 """
 
 from __future__ import annotations
@@ -17,12 +24,20 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from torchshard._core import runtime
+
 if TYPE_CHECKING:
     import torch
 
-    from torchshard._index import DimAxes
-    from torchshard._mesh import Mesh
-    from torchshard._topology import Topology
+    from torchshard._core.mesh import Mesh
+    from torchshard._core.sharding import DimAxes
+    from torchshard._core.topology import Topology
+
+# The backends torchshard ships: name -> the module that registers it when imported.
+KNOWN: dict[str, str] = {
+    "xla": "torchshard._backend.xla",
+    "dtensor": "torchshard._backend.dtensor",
+}
 
 
 class LocalShard(NamedTuple):
@@ -31,6 +46,18 @@ class LocalShard(NamedTuple):
     device: int
     ranges: tuple[tuple[int, int], ...]  # the global [start, stop) per dimension
     data: torch.Tensor  # exactly the block (padding removed), on the CPU
+
+
+class AgreementCall(Protocol):
+    """What ``Backend.agree`` compares between the processes: a call, described on demand."""
+
+    def describe(self) -> list[str]:
+        """One line for the structure and partition, then one ``"(shape) dtype"`` per leaf."""
+        ...
+
+    def path(self, i: int) -> str:
+        """Leaf ``i``'s path (for the error)."""
+        ...
 
 
 class Backend(Protocol):
@@ -63,8 +90,27 @@ class Backend(Protocol):
         """Called when ``mesh``'s context exits; ``outer`` is the mesh that is current again."""
         ...
 
+    def mesh_from_native(self, native: Any) -> Mesh:
+        """The ``Mesh`` of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``)."""
+        ...
+
+    def native_mesh(self, mesh: Mesh) -> Any:
+        """``mesh`` as the runtime's own mesh object."""
+        ...
+
+    def create_mesh(self, grid: Any, axis_names: tuple[str, ...]) -> Mesh:
+        """A mesh of this backend over the device-id ``grid`` (``create_device_mesh``); may be
+        collective (DTensor builds its ``DeviceMesh``: every process must call it)."""
+        ...
+
     def is_global(self, x: Any) -> bool:
         """Whether ``x`` is a global tensor of this backend."""
+        ...
+
+    def is_sharded(self, x: torch.Tensor) -> bool:
+        """Whether the global tensor ``x`` carries a sharding (False: the runtime holds it
+        whole on every device, e.g. an XLA tensor moved with ``.to()`` and never annotated;
+        ``local_shards`` then has nothing to report). Runs ``x``'s pending computation."""
         ...
 
     def make_global(
@@ -88,11 +134,12 @@ class Backend(Protocol):
         self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]
     ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
         """``make_global`` (foreground) with everything but the shards bound, for a call that
-        is repeated (``host_to_global_array``'s plan cache keeps it with the plan)."""
+        is repeated (the engine's plan cache keeps it with the plan)."""
         ...
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
-        """For each tensor, the blocks held by this process's devices."""
+        """For each (sharded, see ``is_sharded``) tensor, the blocks held by this process's
+        devices."""
         ...
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,41 +181,62 @@ class Backend(Protocol):
         sharding ``axes`` on ``mesh``. Called while planning, before anything moves."""
         ...
 
-    def agreement_active(self, mesh: Mesh) -> bool:
-        """Whether the processes' calls are compared (``exchange_agreement`` is a collective
-        here): ``False`` on one process, when the check is off, or when the runtime has no
-        cheap collective outside a step."""
+    def compares_processes(self, mesh: Mesh) -> bool:
+        """Whether ``agree`` compares the processes' calls (a collective): ``False`` on one
+        process, when the check is off, or when the runtime has no cheap collective outside a
+        step (torch_xla)."""
         ...
 
-    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
-        """Every process's ``items`` (a description of its call, see ``_agreement.describe``)
-        when they differ, ``None`` when they agree or ``agreement_active`` is ``False``.
+    def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
+        """The agreement step: raises ``ProcessDisagreementError`` (on every process) when the
+        processes' ``call.describe()`` differ; a no-op unless ``compares_processes``.
 
         A collective: every process calls it the same number of times, in the same order, on
         the thread that runs the program (never a helper thread, whose progress differs from
-        process to process). Called before anything that could fail on one process only, so
-        that no process fails alone and leaves the others waiting in a collective."""
+        process to process). ``what`` names the call in the error (``host_arrays``,
+        ``GlobalBatchLoader: batch 7``). Run before anything that could fail on one process
+        only, so that no process fails alone and leaves the others waiting in a collective."""
+        ...
+
+    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+        """Every process's ``items`` when they differ, ``None`` when they agree (or when
+        ``compares_processes`` is False): the collective behind ``agree``, for callers that
+        describe more than a call (a loader's batch outcome)."""
         ...
 
 
-_MODULES = {"xla": "torchshard._backend.xla", "dtensor": "torchshard._backend.dtensor"}
 _INSTANCES: dict[str, Backend] = {}
 _LOCK = threading.Lock()
 
 
+def register_backend(name: str, backend: Backend) -> None:
+    """Registers ``backend`` under ``name`` (its module calls this when imported)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"register_backend: name must be a non-empty str, but got {name!r}.")
+    with _LOCK:
+        if name in _INSTANCES and _INSTANCES[name] is not backend:
+            raise ValueError(f"register_backend: a backend called {name!r} is registered already.")
+        _INSTANCES[name] = backend
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every backend a mesh may name: the shipped ones, then any registered later."""
+    return tuple(KNOWN) + tuple(n for n in _INSTANCES if n not in KNOWN)
+
+
 def backend_by_name(name: str) -> Backend:
-    """The (process-wide) backend instance called ``name``."""
+    """The (process-wide) backend instance called ``name``, importing its module on first use."""
     inst = _INSTANCES.get(name)  # the hot path: no lock once the backend exists
     if inst is not None:
         return inst
-    with _LOCK:
-        inst = _INSTANCES.get(name)
-        if inst is None:
-            if name not in _MODULES:
-                raise ValueError(f"unknown backend {name!r}; expected one of {sorted(_MODULES)}.")
-            inst = importlib.import_module(_MODULES[name]).BACKEND
-            _INSTANCES[name] = inst
-        return inst
+    module = KNOWN.get(name)
+    if module is None:
+        raise ValueError(f"unknown backend {name!r}; expected one of {sorted(backend_names())}.")
+    importlib.import_module(module)  # registers it
+    inst = _INSTANCES.get(name)
+    if inst is None:
+        raise RuntimeError(f"{module} was imported but did not register the backend {name!r}.")
+    return inst
 
 
 def default_backend_name() -> str:
@@ -194,6 +262,13 @@ def get_backend(mesh: Mesh | None = None) -> Backend:
     return backend_by_name(mesh.backend if mesh is not None else default_backend_name())
 
 
+def _resolve(name: str | None) -> Backend:
+    inst = _INSTANCES.get(name)  # type: ignore[arg-type]  # the hot path: no further call
+    if inst is not None:
+        return inst
+    return backend_by_name(default_backend_name() if name is None else name)
+
+
 def backend_of(x: Any) -> Backend:
     """The backend that computes with tensor ``x`` in a step: dtensor for a ``DTensor``, else
     xla, whose in-step primitives are plain torch ops, right for any other tensor too. Never
@@ -202,3 +277,6 @@ def backend_of(x: Any) -> Backend:
     if dtensor is not None and isinstance(x, dtensor.DTensor):
         return backend_by_name("dtensor")
     return backend_by_name("xla")
+
+
+runtime.install(_resolve, backend_names)

@@ -1,4 +1,5 @@
-"""The torch.distributed DTensor backend: one process per device; global tensors are DTensors.
+"""The torch.distributed DTensor backend (registered as ``"dtensor"``): one process per device;
+global tensors are DTensors.
 
 Device ids are ranks: device ``r`` belongs to rank ``r`` (one device per process), so a
 process's block of a leaf is exactly its device's shard. ``make_global`` wraps a copy of that
@@ -7,7 +8,9 @@ no collective runs. Placements come from the spec: ``Shard(d)`` on every mesh ax
 dim ``d``, ``Replicate()`` on the others. Reading back uses ``to_local()`` with DTensor's own
 offsets; ``gather`` is ``full_tensor()`` and ``annotate`` is ``redistribute``. In-step
 dispatch gets the key's whole value with ``full_tensor()`` and gathers rows with a masked local
-copy summed over the ranks (``take_rows``).
+copy summed over the ranks (``take_rows``). It contributes the cross-process agreement step
+(``agree``): each process's block decides the global shape, so processes that pass different
+shapes must all fail, not hang.
 
 This module is imported only when a mesh names the ``"dtensor"`` backend, the default process
 group makes it the default backend, or the dispatch code meets a DTensor. The private torch
@@ -28,12 +31,12 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._agreement import agreement_check_enabled, digest
-from torchshard._backend import LocalShard
-from torchshard._errors import NoProcessGroupError, ShardingError
-from torchshard._index import DimAxes, check_device_process
-from torchshard._mesh import Mesh
-from torchshard._topology import Topology
+from torchshard._backend import AgreementCall, LocalShard, register_backend
+from torchshard._core.agreement import agreement_check_enabled, digest, disagreement
+from torchshard._core.errors import NoProcessGroupError, ShardingError
+from torchshard._core.mesh import Mesh
+from torchshard._core.sharding import DimAxes, check_device_process
+from torchshard._core.topology import Topology
 
 # gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
@@ -341,6 +344,15 @@ class DTensorBackend:
         require_process_group()
         return (dist.get_rank(),)
 
+    def mesh_from_native(self, native: Any) -> Mesh:
+        return mesh_from_device_mesh(native)
+
+    def native_mesh(self, mesh: Mesh) -> Any:
+        return device_mesh(mesh)
+
+    def create_mesh(self, grid: Any, axis_names: tuple[str, ...]) -> Mesh:
+        return create_mesh(grid, axis_names)
+
     def activate(self, mesh: Mesh) -> None:
         self.prepare(mesh)
 
@@ -354,6 +366,9 @@ class DTensorBackend:
 
     def is_global(self, x: Any) -> bool:
         return isinstance(x, DTensor)
+
+    def is_sharded(self, x: torch.Tensor) -> bool:
+        return True  # a DTensor always has placements
 
     def make_global(
         self,
@@ -454,11 +469,18 @@ class DTensorBackend:
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)
 
-    def agreement_active(self, mesh: Mesh) -> bool:
+    def compares_processes(self, mesh: Mesh) -> bool:
         return agreement_check_enabled() and dist.get_world_size() > 1
 
-    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
-        if not self.agreement_active(mesh):
+    def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
+        if not self.compares_processes(mesh):
+            return
+        every = self.exchange(mesh, call.describe())
+        if every is not None:
+            raise disagreement(what, every, call.path)
+
+    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+        if not self.compares_processes(mesh):
             return None
         world = dist.get_world_size()
         group = _GROUPS.agreement_group()
@@ -473,3 +495,4 @@ class DTensorBackend:
 
 
 BACKEND = DTensorBackend()
+register_backend(BACKEND.name, BACKEND)

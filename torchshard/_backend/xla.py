@@ -1,7 +1,9 @@
-"""The torch_xla SPMD backend: the only module that imports torch_xla.
+"""The torch_xla SPMD backend (registered as ``"xla"``).
 
+With ``xla_env.py`` (the CPU emulation, which must run before torch_xla starts), the only
+module that imports torch_xla; torch_xla itself is imported on first use, not with this module.
 Each call into torch_xla's private ``_XLAC`` API sits in one small function here, with the
-version it was checked on (torch_xla 2.9.0).
+version it was checked on (torch_xla 2.9.0); the benchmarks call those functions too.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._backend import LocalShard
-from torchshard._errors import ShardingError
-from torchshard._index import DimAxes, NamedSharding, check_device_process
-from torchshard._mesh import Mesh
-from torchshard._spec import PartitionSpec
-from torchshard._topology import Topology
+from torchshard._backend import AgreementCall, LocalShard, register_backend
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import Mesh
+from torchshard._core.sharding import DimAxes, NamedSharding, check_device_process
+from torchshard._core.spec import PartitionSpec
+from torchshard._core.topology import Topology
 
 _INIT_LOCK = threading.Lock()
 # A background transfer of fewer bytes (this process's shards of one leaf) keeps the direct
@@ -122,7 +124,7 @@ def _gather_device_owners(count: int) -> tuple[int, ...]:
     local = _local_devices()
     shard = torch.tensor([[xr.process_index()]], dtype=torch.int64)
     op = xs.Mesh(np.arange(count), (count, 1)).get_op_sharding((0, 1))
-    owners = _global_tensor_from_cpu_shards([shard] * len(local), op, [count, 1])
+    owners = global_tensor_from_cpu_shards([shard] * len(local), op, [count, 1])
     return tuple(int(v) for v in owners.cpu().reshape(-1).tolist())
 
 
@@ -146,21 +148,27 @@ def mesh_from_xla(xla_mesh: Any) -> Mesh:
 
 
 @functools.lru_cache(maxsize=4096)
-def _op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
+def op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
+    """The ``OpSharding`` of the per-dimension ``axes`` on ``mesh`` (cached)."""
     spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
     return to_xla_mesh(mesh).get_op_sharding(spec)
 
 
-def _global_tensor_from_cpu_shards(
-    shards: Sequence[torch.Tensor], op_sharding: Any, global_shape: Sequence[int]
+def cpu_shards_binding() -> Callable[..., torch.Tensor]:
+    """torch_xla 2.9's raw binding ``_XLAC._global_tensor_from_cpu_shards(shards, op_sharding,
+    global_shape)`` itself (lists only), for a baseline that calls it by hand (the benchmarks)."""
+    return _xla()._XLAC._global_tensor_from_cpu_shards
+
+
+def global_tensor_from_cpu_shards(
+    shards: Sequence[torch.Tensor], op_sharding: Any, global_shape: list[int]
 ) -> torch.Tensor:
-    """torch_xla 2.9: one CPU tensor per local device (views are fine; ``local_devices``
-    order), the OpSharding and the global shape; each device receives exactly its shard. The
-    binding holds the GIL for the whole call: one host copy per shard (``AtenSource``:
-    ``tensor.to(..., copy=True)``) and the PJRT transfer (``init_python_bindings.cpp``)."""
-    return _xla()._XLAC._global_tensor_from_cpu_shards(
-        list(shards), op_sharding, list(global_shape)
-    )
+    """torch_xla 2.9: one CPU tensor per local device (a list or tuple; views are fine;
+    ``local_devices`` order), the OpSharding and the global shape (a list); each device
+    receives exactly its shard. The binding holds the GIL for the whole call: one host copy per
+    shard (``AtenSource``: ``tensor.to(..., copy=True)``) and the PJRT transfer
+    (``init_python_bindings.cpp``)."""
+    return _xla()._XLAC._global_tensor_from_cpu_shards(shards, op_sharding, global_shape)
 
 
 @functools.cache
@@ -238,6 +246,13 @@ def _stacked(shards: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(list(shards))
 
 
+def _sharding_spec_text(x: torch.Tensor) -> str:
+    """torch_xla 2.9: ``_get_xla_sharding_spec(t)`` is the tensor's sharding as text
+    (``"{devices=[8,1]0,1,...}"``, ``"{replicated}"``), or ``""`` when it carries none (moved
+    with ``.to()`` and never annotated, or lazy IR not yet run)."""
+    return _xla()._XLAC._get_xla_sharding_spec(x)
+
+
 def _materialize(tensors: Sequence[torch.Tensor]) -> None:
     """Runs the pending graph of ``tensors`` (if any) and waits until their data is ready.
 
@@ -280,7 +295,16 @@ class XlaBackend:
     keeps_unconstrained_dims = False  # an OpSharding has no unspecified dimensions
 
     def topology(self) -> Topology:
-        return _topology()
+        return _TOPOLOGY[0] if _TOPOLOGY else _topology()
+
+    def mesh_from_native(self, native: Any) -> Mesh:
+        return mesh_from_xla(native)
+
+    def native_mesh(self, mesh: Mesh) -> Any:
+        return to_xla_mesh(mesh)
+
+    def create_mesh(self, grid: Any, axis_names: tuple[str, ...]) -> Mesh:
+        return Mesh(grid, axis_names, backend=self.name)
 
     def local_devices(self, mesh: Mesh) -> Sequence[int]:
         # Every device this process drives (a mesh covers all devices, so all of them are in
@@ -302,6 +326,11 @@ class XlaBackend:
     def is_global(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor) and x.device.type == "xla"
 
+    def is_sharded(self, x: torch.Tensor) -> bool:
+        # A lazy result gets its sharding when it runs; device data keeps the one it has.
+        _materialize([x])
+        return _sharding_spec_text(x) != ""
+
     def make_global(
         self,
         mesh: Mesh,
@@ -316,7 +345,8 @@ class XlaBackend:
         # leaves of GIL_FREE_MIN_BYTES or more: the GIL-free _xla_tensors_from_aten, one more
         # host copy, for the layouts it can express with each device still receiving only its
         # shard: dim 0 split over every device (the loader's FULL default, the dispatchers'
-        # spec), and replication. Measurements in docs/design.md ("Data loading").
+        # spec), and replication. Measurements in docs/design.md ("The background transfer and
+        # the GIL").
         if (
             background
             and shards
@@ -327,7 +357,9 @@ class XlaBackend:
             t = _stacked(shards) if any(axes) else shards[0]
             spec = _sharding_spec(mesh, axes, tuple(t.shape), t.dtype)
             return _tensors_from_aten([t], [spec])[0]
-        return _global_tensor_from_cpu_shards(shards, _op_sharding(mesh, axes), global_shape)
+        return global_tensor_from_cpu_shards(
+            list(shards), op_sharding(mesh, axes), list(global_shape)
+        )
 
     def global_maker(
         self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]
@@ -335,8 +367,8 @@ class XlaBackend:
         # The direct call with the OpSharding bound: a repeated call skips make_global's route
         # choice and the OpSharding lookup (frames are measurable beside an 8 MiB copy, whose
         # cache misses slow every Python frame after it).
-        op = _op_sharding(mesh, axes)
-        return lambda shards: _global_tensor_from_cpu_shards(shards, op, global_shape)
+        op, shape = op_sharding(mesh, axes), list(global_shape)
+        return lambda shards: global_tensor_from_cpu_shards(shards, op, shape)
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
         # torch_xla 2.9: `_get_local_shards` copies each local device's (padded) block to the
@@ -380,7 +412,7 @@ class XlaBackend:
         if isinstance(x, _xs().XLAShardedTensor):  # what xs.mark_sharding returns
             x = x.global_tensor
         y = x.clone()
-        _annotate_custom_sharding(y, _op_sharding(mesh, axes))
+        _annotate_custom_sharding(y, op_sharding(mesh, axes))
         return y
 
     def full_local(self, x: torch.Tensor) -> torch.Tensor:
@@ -394,12 +426,16 @@ class XlaBackend:
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         return None  # an OpSharding expresses every spec torchshard accepts
 
-    def agreement_active(self, mesh: Mesh) -> bool:
+    def compares_processes(self, mesh: Mesh) -> bool:
         # Not checked: torch_xla has no cheap collective outside a step (see docs/design.md).
         return False
 
-    def exchange_agreement(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
+        return None
+
+    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
         return None
 
 
 BACKEND = XlaBackend()
+register_backend(BACKEND.name, BACKEND)

@@ -1,7 +1,7 @@
 """Feeding steps from ``torch.utils.data``: ``GlobalBatchLoader``, ``sharded_collate``,
 ``host_sampler``."""
 
-from torchshard.data._collate import WorkerProcessError as WorkerProcessError
+from torchshard._core.errors import WorkerProcessError as WorkerProcessError
 from torchshard.data._collate import sharded_collate as sharded_collate
 from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._loader import LoaderStats as LoaderStats

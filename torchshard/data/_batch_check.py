@@ -8,13 +8,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from torchshard._core.errors import IndivisibleError, ShardingError, TreeStructureError
+from torchshard._core.mesh import Mesh
+from torchshard._core.partition import complete_partition_spec_tree, input_partition_spec
+from torchshard._core.sharding import NamedSharding
+from torchshard._core.spec import PartitionSpec
+from torchshard._core.tree import flatten, paths
 from torchshard._dispatch import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
-from torchshard._errors import IndivisibleError, ShardingError, TreeStructureError
-from torchshard._index import NamedSharding
-from torchshard._mesh import Mesh
-from torchshard._partition import complete_partition_spec_tree, input_partition_spec
-from torchshard._spec import PartitionSpec
-from torchshard._tree import flatten, paths
 
 _FIX_SHAPES = (
     "Every batch must have the same structure, shapes and dtypes (each new shape compiles a new "
@@ -44,7 +44,7 @@ class BatchChecker:
         >>> check({"x": np.zeros((6, 2))}, batch=1)
         Traceback (most recent call last):
         ...
-        torchshard._errors.ShardingError: GlobalBatchLoader: batch 1: batch['x'] has shape ...
+        torchshard._core.errors.ShardingError: GlobalBatchLoader: batch 1: batch['x'] has shape ...
     """
 
     def __init__(self) -> None:

@@ -7,14 +7,13 @@ from typing import Any
 
 from torch.utils.data import default_collate, get_worker_info
 
-from torchshard._assemble import DEFAULT_PARTITION, host_to_global_array
-from torchshard._mesh import Mesh, require_mesh, thread_mesh
-from torchshard._partition import data_partition_type_to_spec
-from torchshard._spec import DataPartitionType
-
-
-class WorkerProcessError(ValueError):
-    """``sharded_collate`` ran in a DataLoader worker process, where XLA tensors cannot be made."""
+from torchshard._core.errors import WorkerProcessError
+from torchshard._core.mesh import Mesh, require_mesh, thread_mesh
+from torchshard._core.partition import (
+    DEFAULT_PARTITION,
+    feed_partition,
+)
+from torchshard._host_to_global import host_to_global_array
 
 
 def sharded_collate(
@@ -43,10 +42,14 @@ def sharded_collate(
     Raises:
         WorkerProcessError: (a ``ValueError``) when called in a DataLoader worker process.
 
-    Example:
-        >>> with mesh:
-        ...     loader = DataLoader(dataset, batch_size=8, collate_fn=sharded_collate())
-        ...     batch = next(iter(loader))  # global tensors, dim 0 split over the mesh
+    Example (dim 0 of each batch split over the 8 devices):
+        >>> from torch.utils.data import DataLoader
+        >>> dataset = [{"x": np.full(2, i, np.float32)} for i in range(16)]
+        >>> with torchshard.Mesh(np.arange(8), ("data",)):
+        ...     loader = DataLoader(dataset, batch_size=8, collate_fn=torchshard.sharded_collate())
+        ...     batch = next(iter(loader))
+        >>> batch["x"].shape, batch["x"].device.type
+        (torch.Size([8, 2]), 'xla')
     """
     if not callable(collate_fn):
         raise TypeError(f"collate_fn: expected a callable, but got {type(collate_fn).__name__}.")
@@ -72,12 +75,6 @@ def sharded_collate(
         with thread_mesh(m):
             if dispatcher is not None:
                 batch = dispatcher.logical_to_physical_batch(batch)
-            if partition is DEFAULT_PARTITION and dispatcher is not None:
-                spec = dispatcher.partition_spec
-            elif partition is DEFAULT_PARTITION or partition is DataPartitionType.FULL:
-                spec = DEFAULT_PARTITION
-            else:
-                spec = data_partition_type_to_spec(partition)
-            return host_to_global_array(batch, partition=spec)
+            return host_to_global_array(batch, partition=feed_partition(partition, dispatcher))
 
     return collate

@@ -63,7 +63,8 @@ def host_sampler(
             padded with repeated indices, as ``DistributedSampler`` does).
 
     Example:
-        >>> sampler = host_sampler(range(10), {"num_shards": 2, "shard_index": 1}, shuffle=False)
+        >>> feed = {"num_shards": 2, "shard_index": 1}
+        >>> sampler = torchshard.host_sampler(range(10), feed, shuffle=False)
         >>> list(sampler)
         [1, 3, 5, 7, 9]
     """

@@ -16,11 +16,10 @@ import numpy as np
 import torch
 
 from torchshard._backend import Backend, LocalShard, get_backend
-from torchshard._describe import local_shards_or_none
-from torchshard._errors import NoMeshError
-from torchshard._index import NamedSharding
-from torchshard._mesh import Mesh, current_mesh
-from torchshard._spec import PartitionSpec, as_partition_spec
+from torchshard._core.errors import NoMeshError
+from torchshard._core.mesh import Mesh, current_mesh
+from torchshard._core.sharding import NamedSharding
+from torchshard._core.spec import PartitionSpec, as_partition_spec
 
 _MAX_ROWS = 16  # mismatching devices listed in a message
 Ranges = tuple[tuple[int, int], ...]
@@ -81,10 +80,23 @@ def assert_sharded(
         mesh: the mesh of ``spec`` (default: the current mesh).
 
     Example:
-        >>> with mesh:  # (4, 2), axes ("data", "model")
+        >>> from torchshard import P
+        >>> from torchshard.testing import assert_sharded
+        >>> with torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model")):
         ...     g = torchshard.host_to_global_array(np.zeros((16, 8)), partition=P("data"))
-        ...     assert_sharded(g, P("data"))          # passes
-        ...     assert_sharded(g, P("data", "model"))  # AssertionError with the diff
+        ...     assert_sharded(g, P("data"))  # passes
+        ...     assert_sharded(g, P("data", "model"))
+        Traceback (most recent call last):
+        ...
+        AssertionError: tensor of shape (16, 8) is not sharded as P('data', 'model') on
+        Mesh({'data': 4, 'model': 2}).
+        Expected dim 0 in 4 blocks, dim 1 in 2 blocks; torch_xla holds dim 0 in 4 blocks, dim 1
+        whole.
+        8 of 8 devices hold another block:
+          device  expected      actual
+          0       [0:4, 0:4]    [0:4, 0:8]
+          1       [0:4, 4:8]    [0:4, 0:8]
+        ...
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's body
     mesh = mesh if mesh is not None else current_mesh()
@@ -102,8 +114,7 @@ def assert_sharded(
     where = f"tensor of shape {shape} is not sharded as {spec!r} on {mesh!r}"
     exp_summary = _split_summary(list(expected.values()), shape)
     whole = tuple((0, n) for n in shape)
-    shards = local_shards_or_none(backend, tensor)
-    if shards is None:
+    if not backend.is_sharded(tensor):
         if all(r == whole for r in expected.values()):
             return
         raise AssertionError(
@@ -111,7 +122,7 @@ def assert_sharded(
             f"so every device holds the whole array, but {spec!r} expects {exp_summary}. Place "
             "it with torchshard.host_to_global_array(..., partition=spec) or annotate it."
         )
-    actual = {s.device: s.ranges for s in shards}
+    actual = {s.device: s.ranges for s in backend.local_shards([tensor])[0]}
     strangers = sorted(set(actual) - set(expected))
     if strangers:
         raise AssertionError(
@@ -181,9 +192,18 @@ def assert_global_equal(
         atol: absolute tolerance for floating dtypes.
 
     Example:
-        >>> with mesh:
-        ...     g = torchshard.host_to_global_array(x, partition=P("data"))
-        ...     assert_global_equal(g, x)  # one host: the global value is x
+        >>> from torchshard.testing import assert_global_equal
+        >>> x = np.arange(16.0).reshape(8, 2)
+        >>> with torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model")):
+        ...     g = torchshard.host_to_global_array(x, partition=torchshard.P("data"))
+        ...     assert_global_equal(g, x)  # passes: on one host, the global value is x
+        ...     assert_global_equal(g + 1, x)
+        Traceback (most recent call last):
+        ...
+        AssertionError: assert_global_equal: 8 of 8 device shards differ from expected (global
+        shape (8, 2), torch.float64):
+          device 0 holds [0:2, 0:2]: 4 of 4 elements differ; first at [0, 0]: got 1.0, expected 0.0
+        ...
     """
     __tracebackhide__ = True
     backend = get_backend(current_mesh())
@@ -200,8 +220,9 @@ def assert_global_equal(
             f"assert_global_equal: the global tensor has dtype {global_tensor.dtype}, but "
             f"expected has dtype {want.dtype}; cast expected to compare values."
         )
-    shards = local_shards_or_none(backend, global_tensor)
-    if shards is None:  # no sharding: the whole value on every device; .cpu() is no gather
+    if backend.is_sharded(global_tensor):
+        shards = backend.local_shards([global_tensor])[0]
+    else:  # no sharding: the whole value on every device; .cpu() is no gather
         whole = tuple((0, n) for n in shape)
         shards = [LocalShard(-1, whole, backend.gather(global_tensor))]
     bad = []

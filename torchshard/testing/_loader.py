@@ -5,14 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from torchshard._assemble import DEFAULT_PARTITION
-from torchshard._mesh import Mesh
-from torchshard.data._loader import GlobalBatchLoader
-from torchshard.testing._virtual import assemble_per_host
-
-
-def _assemble_per_host(hosts: list[Any], spec: Any, background: bool) -> Any:
-    return assemble_per_host(hosts, partition=spec, background=background)
+from torchshard._core.mesh import Mesh
+from torchshard._core.partition import DEFAULT_PARTITION
+from torchshard.data._loader import GlobalBatchLoader, per_host_loader
 
 
 def global_batch_loader_per_host(
@@ -27,32 +22,31 @@ def global_batch_loader_per_host(
     """A ``GlobalBatchLoader`` that plays every host of ``virtual_hosts(n)``.
 
     Each step takes one batch from every host's source (``loaders[h]`` is host ``h``'s, with
-    its own ``dispatchers[h]``) and assembles them with ``host_to_global_array_per_host``, the
-    same code path as the real one. Everything else (prefetching, order, errors, stats,
+    its own ``dispatchers[h]``) and assembles them as ``host_to_global_array_per_host`` does,
+    through the same engine as the real path. Everything else (prefetching, order, errors, stats,
     ``state_dict`` with ``{"sources": [...]}``) is ``GlobalBatchLoader``'s. ``iter()`` must run
     inside ``virtual_hosts(len(loaders))``.
 
-    Example:
-        >>> ds = range(64)
+    Example (2 hosts, 4 rows from each per step):
+        >>> from torch.utils.data import DataLoader
+        >>> from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+        >>> ds = range(16)
+        >>> feeds = [{"num_shards": 2, "shard_index": h} for h in range(2)]
         >>> loaders = [
-        ...     DataLoader(ds, batch_size=8, sampler=host_sampler(ds, {"num_shards": 2,
-        ...                                                           "shard_index": h}))
-        ...     for h in range(2)
+        ...     DataLoader(ds, batch_size=4, sampler=torchshard.host_sampler(ds, f, shuffle=False))
+        ...     for f in feeds
         ... ]
-        >>> with virtual_hosts(2), mesh:
+        >>> with virtual_hosts(2), torchshard.Mesh(np.arange(8), ("data",)):
         ...     for batch in global_batch_loader_per_host(loaders):
-        ...         ...  # 16 rows: 8 from each host
+        ...         print(torchshard.replicate_to_local_data(batch).tolist())
+        [0, 2, 4, 6, 1, 3, 5, 7]
+        [8, 10, 12, 14, 9, 11, 13, 15]
     """
     if not isinstance(loaders, (list, tuple)) or not loaders:
         raise TypeError(
             "loaders: expected a non-empty list with one source per host, but got "
             f"{type(loaders).__name__}."
         )
-    return GlobalBatchLoader._from_hosts(
-        loaders,
-        dispatchers,
-        partition=partition,
-        mesh=mesh,
-        prefetch=prefetch,
-        assemble=_assemble_per_host,
+    return per_host_loader(
+        loaders, dispatchers, partition=partition, mesh=mesh, prefetch=prefetch
     )

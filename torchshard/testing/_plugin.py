@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from torchshard._mesh import Mesh
-    from torchshard._topology import Topology
+    from torchshard._core.mesh import Mesh
+    from torchshard._core.topology import Topology
 
 DEFAULT_DEVICES = 8
 PARAM = "_torchshard_spmd_devices"  # the hidden parameter of @pytest.mark.spmd items
@@ -102,7 +102,7 @@ def _setup(config: pytest.Config, options: Any) -> None:
     if _COUNT in config.stash:
         return
     count = _configured_count(config, options)
-    from torchshard._env import EmulationError, setup_cpu_emulation
+    from torchshard._backend.xla_env import EmulationError, setup_cpu_emulation
 
     try:
         setup_cpu_emulation(count, force=True)
@@ -121,7 +121,7 @@ def _verify(config: pytest.Config, when: str) -> None:
     """Conftests and test modules may not change the count behind the plugin's back."""
     import os
 
-    from torchshard._env import runtime_devices, runtime_started
+    from torchshard._backend.xla_env import runtime_devices, runtime_started
 
     count = config.stash[_COUNT]
     env = (os.environ.get("PJRT_DEVICE"), os.environ.get("CPU_NUM_DEVICES"))

@@ -19,11 +19,9 @@ from typing import Any
 
 import pytest
 
+from torchshard._core.errors import ChildFailedError
+
 _TAIL = 60  # lines of the child's output shown when it ran no test
-
-
-class ChildFailedError(Exception):
-    """The child process reported a failure (or ran nothing); the text is the report."""
 
 
 class ChildRun(pytest.Item):

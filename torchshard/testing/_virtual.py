@@ -1,9 +1,12 @@
 """Virtual hosts: one real process plays every host of a multi-host run.
 
-Inside ``virtual_hosts(n)`` the devices are split into ``n`` equal, contiguous groups of ids
-(device ``d`` belongs to host ``d // (devices / n)``), ``process_count()`` is ``n`` and
-``process_index()`` the given index. The per-host functions go through the same assembly code
-as the real path; the emulation only supplies every host's data.
+``virtual_hosts(n)`` is a topology provider (``torchshard._core.topology.override_topology``):
+the devices are split into ``n`` equal, contiguous groups of ids (device ``d`` belongs to host
+``d // (devices / n)``), ``process_count()`` is ``n``, ``process_index()`` the given index, and
+the topology's ``data_hosts`` lists every host, because this process supplies every host's
+data. The per-host functions call the same engine as the real path (``read``/``plan``/``place``
+and the read-back), with one tree per host; nothing in the production path branches on the
+emulation.
 """
 
 from __future__ import annotations
@@ -12,15 +15,27 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torchshard._assemble import DEFAULT_PARTITION, _assemble, _host_blocks
-from torchshard._backend import backend_by_name, get_backend
-from torchshard._errors import ShardingError
-from torchshard._mesh import current_mesh
-from torchshard._topology import Topology, current_topology, is_virtual, override_topology
+from torchshard._backend import get_backend
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import current_mesh, require_mesh
+from torchshard._core.partition import DEFAULT_PARTITION
+from torchshard._core.topology import Topology, current_topology, override, override_topology
+from torchshard._engine import place, plan, read
+from torchshard._host_to_global import warn_partition_type
+from torchshard._readback import host_blocks
+
+EMULATED_BACKEND = "xla"  # virtual hosts split torch_xla's devices, unless a mesh says otherwise
 
 
 def make_virtual_topology(num_devices: int, num_hosts: int, process_index: int = 0) -> Topology:
-    """The topology of ``num_hosts`` hosts with contiguous, equal groups of device ids."""
+    """The topology of ``num_hosts`` hosts with contiguous, equal groups of device ids, played
+    by this one process (it supplies every host's data).
+
+    Example:
+        >>> from torchshard.testing import make_virtual_topology
+        >>> make_virtual_topology(8, 2, 1).devices_of(1)
+        (4, 5, 6, 7)
+    """
     if num_hosts < 1 or num_devices % num_hosts:
         raise ValueError(
             f"virtual_hosts: num_hosts must be a positive divisor of the device count "
@@ -28,27 +43,48 @@ def make_virtual_topology(num_devices: int, num_hosts: int, process_index: int =
         )
     per = num_devices // num_hosts
     return Topology(
-        process_index, num_hosts, tuple(d // per for d in range(num_devices)), virtual=True
+        process_index,
+        num_hosts,
+        tuple(d // per for d in range(num_devices)),
+        virtual=True,
+        data_hosts=tuple(range(num_hosts)),
     )
+
+
+def is_virtual() -> bool:
+    """Whether a ``virtual_hosts`` emulation (any topology provider) is installed."""
+    return override() is not None
 
 
 @contextlib.contextmanager
 def virtual_hosts(num_hosts: int, *, process_index: int = 0) -> Iterator[Topology]:
     """Emulates ``num_hosts`` hosts in this process (process-wide, nests).
 
+    Inside, ``torchshard.host_to_global_array`` refuses a single tree (this process holds every
+    host's devices, so it needs every host's data): use ``host_to_global_array_per_host`` and
+    ``global_to_host_array_per_host``. The emulated devices are the current mesh's backend's
+    (torch_xla's outside a mesh).
+
     Example:
+        >>> from torchshard.testing import (
+        ...     global_to_host_array_per_host, host_to_global_array_per_host, virtual_hosts
+        ... )
+        >>> mesh = torchshard.Mesh(np.arange(8), ("data",))
         >>> with virtual_hosts(2), mesh:
-        ...     g = host_to_global_array_per_host([{"x": a0}, {"x": a1}])
-        ...     blocks = global_to_host_array_per_host(g)  # [{"x": a0}, {"x": a1}]
+        ...     g = host_to_global_array_per_host([np.zeros((4, 2)), np.ones((4, 2))])
+        ...     blocks = global_to_host_array_per_host(g)
+        >>> g.shape, blocks[1].tolist()[0]
+        (torch.Size([8, 2]), [1.0, 1.0])
     """
-    if is_virtual():
-        count = current_topology().device_count
+    installed = override()
+    if installed is not None:  # nested: the outer emulation's devices
+        backend, count = installed[0], installed[1].device_count
     else:
-        # The emulation is of torch_xla hosts: without a mesh, torch_xla's devices.
         mesh = current_mesh()
-        count = (get_backend(mesh) if mesh else backend_by_name("xla")).topology().device_count
+        backend = mesh.backend if mesh is not None else EMULATED_BACKEND
+        count = current_topology(backend=backend).device_count
     topo = make_virtual_topology(count, num_hosts, process_index)
-    with override_topology(topo):
+    with override_topology(topo, backend=backend):
         yield topo
 
 
@@ -61,42 +97,42 @@ def host_to_global_array_per_host(
     per_host_arrays: Sequence[Any], /, *, partition: Any = DEFAULT_PARTITION
 ) -> Any:
     """``host_to_global_array`` with every host's tree given: ``per_host_arrays[h]`` is host
-    ``h``'s block. Same validation and assembly as the real path."""
-    _check_per_host(per_host_arrays)
-    return _assemble(  # directly: the deprecation warning's stack level counts the frames
-        per_host_arrays,
-        None,
-        partition,
-        caller="host_to_global_array_per_host",
-        argname="per_host_arrays",
-    )
+    ``h``'s block. Same validation and engine as the real path.
 
-
-def assemble_per_host(per_host_arrays: Sequence[Any], *, partition: Any, background: bool) -> Any:
-    """``host_to_global_array_per_host`` for the per-host loader (``background``: on its
-    thread, see ``Backend.make_global``)."""
-    _check_per_host(per_host_arrays)
-    return _assemble(
-        per_host_arrays,
-        None,
-        partition,
-        caller="host_to_global_array_per_host",
-        argname="per_host_arrays",
-        background=background,
-    )
-
-
-def _check_per_host(per_host_arrays: Any) -> None:
+    Example:
+        >>> from torchshard.testing import host_to_global_array_per_host, virtual_hosts
+        >>> with virtual_hosts(2), torchshard.Mesh(np.arange(8), ("data",)):
+        ...     g = host_to_global_array_per_host([np.arange(4), np.arange(4, 8)])
+        ...     torchshard.replicate_to_local_data(g).tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    """
     _require_virtual("host_to_global_array_per_host")
     if not isinstance(per_host_arrays, (list, tuple)):
         raise TypeError(
             "per_host_arrays: expected a list with one tree per host, but got "
             f"{type(per_host_arrays).__name__}."
         )
+    mesh = require_mesh("host_to_global_array_per_host")
+    backend = get_backend(mesh)
+    topology = current_topology(mesh)
+    warn_partition_type(partition, stacklevel=1)
+    call = read(per_host_arrays, topology, partition, per_host=True)
+    backend.agree(mesh, call, what=call.argname)
+    return place(backend, mesh, plan(mesh, backend, topology, call), call)
 
 
 def global_to_host_array_per_host(global_arrays: Any, /) -> list[Any]:
-    """Every host's ``global_to_host_array`` result, as a list indexed by host."""
+    """Every host's ``global_to_host_array`` result, as a list indexed by host.
+
+    Example:
+        >>> from torchshard.testing import (
+        ...     global_to_host_array_per_host, host_to_global_array_per_host, virtual_hosts
+        ... )
+        >>> with virtual_hosts(2), torchshard.Mesh(np.arange(8), ("data",)):
+        ...     g = host_to_global_array_per_host([np.arange(4), np.arange(4, 8)])
+        ...     [b.tolist() for b in global_to_host_array_per_host(g)]
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    """
     _require_virtual("global_to_host_array_per_host")
-    topo = current_topology()
-    return _host_blocks(global_arrays, list(range(topo.process_count)), "global_arrays")
+    topo = current_topology(current_mesh())
+    return host_blocks(global_arrays, list(range(topo.process_count)))

@@ -1,0 +1,97 @@
+"""CPU emulation of torch_xla's SPMD devices, set up before torch_xla creates its client.
+
+torch_xla reads ``PJRT_DEVICE`` and ``CPU_NUM_DEVICES`` once, when its runtime starts (the first
+XLA device or tensor), and SPMD mode must be enabled before the first XLA tensor exists. Entry
+points (the CLI, the pytest plugin, the examples) call ``setup_cpu_emulation`` first. With
+``xla.py``, the only module that touches torch_xla; it is separate because it must work before
+the backend is used, and it only sets the environment and reads the runtime's state.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+from torchshard._core.errors import EmulationError
+
+
+def tpu_present() -> bool:
+    """Whether this machine has TPU devices (or was told to use them)."""
+    if os.environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        return True
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
+    """Emulates ``num_devices`` devices on the CPU unless a TPU is present (or ``force``).
+
+    Sets ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES`` and enables SPMD. Idempotent: calling it
+    again with the count the runtime already has is fine.
+
+    Returns:
+        True when the emulation is in effect (False: a TPU is present and ``force`` is False).
+
+    Raises:
+        ValueError: ``num_devices`` is not a positive int.
+        EmulationError: torch_xla's runtime already started with another device type or count
+            (the count is fixed per process).
+    """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(
+            f"setup_cpu_emulation: num_devices must be a positive int, but got {num_devices!r}."
+        )
+    if not force and tpu_present():
+        return False
+    if "torch_xla" in sys.modules and runtime_started():
+        kind, count = runtime_devices()
+        if (kind, count) != ("CPU", num_devices):
+            raise EmulationError(
+                f"torch_xla's runtime already started with {count} {kind} device(s), but "
+                f"{num_devices} emulated CPU devices were requested. The device count is fixed "
+                "when the runtime starts (the first XLA device or tensor of the process), so it "
+                "must be set before anything uses torch_xla: call "
+                f"torchshard.setup_cpu_emulation({num_devices}) first thing in the process "
+                "(the torchshard pytest plugin does it before conftest files are imported)."
+            )
+        _enable_spmd()
+        return True
+    os.environ["PJRT_DEVICE"] = "CPU"
+    os.environ["CPU_NUM_DEVICES"] = str(num_devices)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # XLA's CPU client runs the devices' programs and the host->device copies on one pool of
+    # max(cores, devices) threads (PJRT_NPROC overrides the core count). A collective step holds
+    # one pool thread per device until every device joins, so with no spare thread a copy or a
+    # queued program can starve the last device: the rendezvous aborts the process after 10 s.
+    # Seen on 2 cores x 8 devices with batches transferred while steps run (docs/design.md).
+    os.environ.setdefault("PJRT_NPROC", str(2 * num_devices))
+    _enable_spmd()
+    return True
+
+
+def runtime_devices() -> tuple[str, int]:
+    """The device type (``"CPU"``, ``"TPU"``) and count of torch_xla's runtime (starts it)."""
+    import torch_xla
+
+    # torch_xla 2.9: every device of the run, named "<TYPE>:<ordinal>".
+    names = torch_xla._XLAC._xla_get_all_runtime_devices()
+    kinds = {n.split(":", 1)[0] for n in names}
+    return (kinds.pop() if len(kinds) == 1 else "/".join(sorted(kinds))), len(names)
+
+
+def runtime_started() -> bool:
+    """Whether torch_xla's runtime (its PJRT client) exists in this process."""
+    try:
+        import torch_xla
+
+        # torch_xla 2.9: True once the PJRT client exists.
+        return bool(torch_xla._XLAC._xla_runtime_is_initialized())
+    except (ImportError, AttributeError):
+        return "torch_xla" in sys.modules
+
+
+def _enable_spmd() -> None:
+    import torch_xla.runtime as xr
+
+    if not xr.is_spmd():
+        xr.use_spmd()

@@ -1,0 +1,165 @@
+"""Cross-process agreement: every process must pass the same tree structure, shapes and dtypes.
+
+With one process per device (the DTensor backend), each process infers the global shape of a
+leaf from its own block. Processes that pass different shapes would build different global
+tensors, and the first collective would then hang or mix data. So before anything is planned,
+each process describes its call (the tree structure and partition, then each leaf's shape and
+dtype), hashes the description to 8 bytes, and the processes all-gather the hashes: one
+collective of 8 bytes per process per call. Only when the hashes differ are the descriptions
+themselves gathered, to name the first leaf that differs; every process then raises the same
+``ProcessDisagreementError``.
+
+The check is on by default. ``set_agreement_check(False)`` turns it off for the process, and so
+does the environment variable ``TORCHSHARD_AGREEMENT_CHECK=0``, read once when this module is
+first imported. Standard library only; the collective itself belongs to the backend.
+
+A ``GlobalBatchLoader`` assembles batches on a background thread, whose progress differs from
+process to process (one process may be making batch 7 while another has stopped after 6), so
+no collective may run there. Its consumer runs the check instead, once per ``next()``, on a
+description of the *outcome* of that batch: a batch (``describe``), the end of the source
+(``END``) or a failure (``failure``). Processes whose outcomes differ all raise at the same
+batch: the failing process its own error, the others ``outcome_disagreement``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchshard._core.errors import ProcessDisagreementError
+
+ENV_VAR = "TORCHSHARD_AGREEMENT_CHECK"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off")
+
+
+_STATE = _State()
+
+
+def set_agreement_check(enabled: bool, /) -> bool:
+    """Turns the cross-process shape/dtype agreement check on or off; returns the old setting.
+
+    With one process per device (the DTensor backend), ``host_to_global_array`` first checks
+    that every process passed the same tree structure, partition, shapes and dtypes, so that a
+    disagreement is a clear error on every process instead of a hang. The check costs one
+    all-gather of 8 bytes per process per call (plus hashing a short description of the call);
+    turn it off when the input pipeline guarantees equal shapes and that latency matters. The
+    environment variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
+    backend does not check (it has no cheap collective outside a step).
+
+    Example:
+        >>> previous = torchshard.set_agreement_check(False)
+        >>> torchshard.set_agreement_check(previous)
+        False
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_agreement_check: expected a bool, but got {enabled!r}.")
+    with _STATE.lock:
+        old, _STATE.enabled = _STATE.enabled, enabled
+    return old
+
+
+def agreement_check_enabled() -> bool:
+    """Whether ``host_to_global_array`` checks that the processes agree."""
+    return _STATE.enabled
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe(treespec: Any, leaves: Sequence[Any], partition: Any) -> list[str]:
+    """One line for the call's structure and partition, then one ``"(shape) dtype"`` per leaf.
+
+    numpy arrays and CPU tensors of the same shape and dtype describe alike (they place alike).
+    """
+    out = [f"structure {treespec}, partition {partition!r}"]
+    for x in leaves:
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        if shape is None or dtype is None:
+            out.append(type(x).__name__)
+        else:
+            out.append(f"{tuple(int(n) for n in shape)} {_dtype_name(dtype)}")
+    return out
+
+
+def digest(items: Sequence[str]) -> int:
+    """A signed 64-bit hash of ``items`` (to all-gather as one int64)."""
+    h = hashlib.blake2b(digest_size=8)
+    for item in items:
+        h.update(item.encode())
+        h.update(b"\x00")
+    return int.from_bytes(h.digest(), "little", signed=True)
+
+
+def disagreement(
+    argname: str, per_process: Sequence[Sequence[str]], where: Callable[[int], str]
+) -> ProcessDisagreementError:
+    """The error naming the first item on which the processes' descriptions differ.
+
+    ``per_process[p]`` is process ``p``'s ``describe`` output; ``where(i)`` is leaf ``i``'s path.
+    """
+    ref = per_process[0]
+    n = max(len(items) for items in per_process)
+    for i in range(n):
+        seen = [items[i] if i < len(items) else "nothing" for items in per_process]
+        if len(set(seen)) == 1:
+            continue
+        groups: dict[str, list[int]] = {}
+        for p, d in enumerate(seen):
+            if d != seen[0]:
+                groups.setdefault(d, []).append(p)
+        got = "; ".join(f"{d} on process(es) {ps}" for d, ps in groups.items())
+        if i == 0:
+            return ProcessDisagreementError(
+                f"{argname}: every process must pass the same tree structure and partition; "
+                f"expected {seen[0]} (as on process 0), got {got}."
+            )
+        return ProcessDisagreementError(
+            f"{where(i - 1)}: every process must pass the same shape and dtype for a leaf (the "
+            f"global shape is inferred from them); expected {seen[0]} (as on process 0), got "
+            f"{got}. Make every process's input yield the same shapes and dtypes (pad or drop "
+            "a short last batch, or use torchshard.InputDispatcher)."
+        )
+    return ProcessDisagreementError(
+        f"{argname}: the processes' call descriptions hash differently but read alike "
+        f"({ref!r}); this is a torchshard bug."
+    )
+
+
+END = "the end of the source"
+
+
+def failure(error: BaseException) -> list[str]:
+    """The outcome description of a batch whose making raised ``error``."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return [f"a failure: {type(error).__name__}: {text}"]
+
+
+def outcome_disagreement(
+    what: str, per_process: Sequence[Sequence[str]], where: Callable[[int], str]
+) -> ProcessDisagreementError:
+    """The error for a loader's batch whose outcome differs between the processes.
+
+    ``per_process[p]`` is process ``p``'s outcome: ``describe`` output, ``[END]`` or
+    ``failure(e)``. When every process made a batch, this is ``disagreement``'s error."""
+    batches = [items for items in per_process if items and items[0].startswith("structure ")]
+    if len(batches) == len(per_process):
+        return disagreement(what, per_process, where)
+    seen = "; ".join(
+        f"process {p}: {items[0] if not items[0].startswith('structure ') else 'a batch'}"
+        for p, items in enumerate(per_process)
+    )
+    return ProcessDisagreementError(
+        f"{what}: every process must make the batch or end its source at the same batch, but "
+        f"{seen}. Give every process a source that yields the same number of batches (e.g. "
+        "torchshard.host_sampler with drop_last=True)."
+    )

@@ -1,0 +1,153 @@
+"""Host blocks: how a process's local array maps onto the devices it drives (pure maths).
+
+Given a mesh, the per-dimension axes of a spec, and the device -> process map, a process's
+local array along dim ``i`` is the concatenation, in global order, of the distinct shards its
+devices hold along ``i``. ``plan_from_local`` infers the global shape from a local shape (JAX's
+``make_array_from_process_local_data`` rule) and gives each device the slice of its owner's
+local array that it must receive. ``block_offsets`` is the inverse used when reading back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+from torchshard._core.errors import NonUniformShardingError, ShardingError
+from torchshard._core.mesh import Mesh
+from torchshard._core.sharding import (
+    DimAxes,
+    check_device_process,
+    check_divisible,
+    device_shard_numbers,
+    dim_axes,
+    dim_feeds,
+    shard_counts,
+)
+from torchshard._core.spec import PartitionSpec
+
+Cut = tuple[int, int, int]  # (dim, start, length): one ``Tensor.narrow``
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePiece:
+    """What one device receives: its owner's local array, narrowed by ``cuts`` (in order)."""
+
+    device: int
+    owner: int
+    cuts: tuple[Cut, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPlan:
+    """The placement of one leaf: its split axes, global shape and each device's piece."""
+
+    axes: DimAxes
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    pieces: tuple[DevicePiece, ...]
+
+    @functools.cached_property
+    def single_split(self) -> tuple[int, int] | None:
+        """``(dim, chunk)`` when every piece is one ``chunk``-long cut of the same ``dim``
+        (the common case: one ``Tensor.split`` then gives every piece at once)."""
+        if not all(len(p.cuts) == 1 for p in self.pieces):
+            return None
+        cuts = {p.cuts[0][::2] for p in self.pieces}
+        if len(cuts) != 1:
+            return None
+        dim, chunk = next(iter(cuts))
+        return (dim, chunk) if chunk > 0 else None  # empty pieces: narrow, not split
+
+    @functools.cached_property
+    def split_parts(self) -> tuple[int, ...]:
+        """With ``single_split``: each piece's index among its owner's ``chunk``-long parts."""
+        split = self.single_split
+        return tuple(p.cuts[0][1] // split[1] for p in self.pieces) if split else ()
+
+
+def infer_global_shape(
+    mesh: Mesh,
+    spec: PartitionSpec,
+    axes: DimAxes,
+    local_shape: tuple[int, ...],
+    device_process: tuple[int, ...],
+) -> tuple[int, ...]:
+    """The global shape whose per-process blocks have ``local_shape``; checks divisibility."""
+    check_device_process(mesh, device_process)
+    feeds = dim_feeds(mesh, axes, device_process)
+    out = []
+    for i, (n, f) in enumerate(zip(local_shape, feeds, strict=True)):
+        if f.count is None:
+            raise NonUniformShardingError(
+                f"dim {i} is not process-uniform under {spec!r} on {mesh!r}: the hosts hold "
+                f"the shard sets {dict(sorted(f.sets.items()))} along it, which are not equal, "
+                "disjoint groups, so no global shape has one block per host. Choose a spec or "
+                "a mesh device order that follows host boundaries."
+            )
+        out.append(n * f.count)
+    shape = tuple(out)
+    check_divisible(mesh, spec, axes, shape)
+    return shape
+
+
+@functools.lru_cache(maxsize=4096)
+def plan_from_local(
+    mesh: Mesh,
+    spec: PartitionSpec,
+    local_shape: tuple[int, ...],
+    device_process: tuple[int, ...],
+    devices: tuple[int, ...],
+) -> HostPlan:
+    """The placement of a leaf whose every host passes a block of ``local_shape``.
+
+    ``devices`` lists the devices to plan for (a backend's local devices), in its order.
+    Raises ``ShardingError`` subclasses without a tree path (callers add it); failures are not
+    cached, successes are, so a steady input stream plans each leaf shape once.
+    """
+    axes = dim_axes(mesh, spec, len(local_shape))
+    global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
+    feeds = dim_feeds(mesh, axes, device_process)
+    counts = shard_counts(mesh, axes)
+    numbers = device_shard_numbers(mesh, axes)
+    pieces = []
+    for d in devices:
+        if d not in numbers:
+            raise ShardingError(f"device {d} is not in {mesh!r}.")
+        owner = device_process[d]
+        cuts = []
+        per_dim = zip(global_shape, counts, feeds, numbers[d], strict=True)
+        for dim, (n, k, f, j) in enumerate(per_dim):
+            if k == 1:
+                continue
+            chunk = n // k
+            held = f.sets[owner]
+            if len(held) > 1:  # else the device gets the owner's whole local dimension
+                cuts.append((dim, held.index(j) * chunk, chunk))
+        pieces.append(DevicePiece(d, owner, tuple(cuts)))
+    return HostPlan(axes, global_shape, local_shape, tuple(pieces))
+
+
+def block_offsets(
+    ranges: Sequence[tuple[tuple[int, int], ...]], ndim: int
+) -> tuple[tuple[int, ...], list[tuple[slice, ...]]]:
+    """The local block of a set of shards: its shape, and each shard's slice of it.
+
+    Along each dimension the distinct global ranges are sorted and concatenated; a shard's
+    local slice is where its range lands.
+    """
+    starts: list[dict[tuple[int, int], int]] = []
+    sizes = []
+    for i in range(ndim):
+        distinct = sorted({r[i] for r in ranges})
+        offset, where = 0, {}
+        for rng in distinct:
+            where[rng] = offset
+            offset += rng[1] - rng[0]
+        starts.append(where)
+        sizes.append(offset)
+    local = [
+        tuple(slice(starts[i][r[i]], starts[i][r[i]] + r[i][1] - r[i][0]) for i in range(ndim))
+        for r in ranges
+    ]
+    return tuple(sizes), local

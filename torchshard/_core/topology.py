@@ -1,0 +1,183 @@
+"""The runtime topology: which process owns which device, which process this is, and whose data
+this process supplies.
+
+The mesh's backend reports it (torch_xla: ``xr.process_index()`` and friends), through the
+runtime slot. A *topology provider* may stand in for a backend, process-wide:
+``override_topology(topology, backend=...)`` installs one for the duration of a block (nests).
+``torchshard.testing.virtual_hosts`` is such a provider: one real process then plays every
+host, and its topology says so (``data_hosts`` lists every host), so the production code reads
+each host's data from a list of per-host trees without knowing it is emulated. The override is
+process-wide (not per thread) because it describes the process, and a loader's background
+thread must see the same topology as the thread that made the loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator
+
+from torchshard._core import runtime
+from torchshard._core.mesh import Mesh, current_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Device ownership of a multi-process run.
+
+    Attributes:
+        process_index: this process's index.
+        process_count: the number of processes.
+        device_process: ``device_process[d]`` is the index of the process that owns device ``d``.
+        virtual: True for an emulation (``virtual_hosts``), where this one real process holds
+            every device.
+        data_hosts: the hosts whose data this process passes to ``host_to_global_array`` (one
+            tree each, in this order) and reads back: ``(process_index,)`` by default; every
+            host under the emulation.
+
+    Example:
+        >>> Topology(1, 2, (0, 0, 1, 1)).devices_of(1)
+        (2, 3)
+    """
+
+    process_index: int
+    process_count: int
+    device_process: tuple[int, ...]
+    virtual: bool = False
+    data_hosts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(
+                f"process_index must be in [0, {self.process_count}), but got {self.process_index}."
+            )
+        owners = set(self.device_process)
+        if not owners <= set(range(self.process_count)):
+            raise ValueError(
+                f"device_process names processes {sorted(owners)} outside "
+                f"[0, {self.process_count})."
+            )
+        if not self.data_hosts:
+            object.__setattr__(self, "data_hosts", (self.process_index,))
+        elif not set(self.data_hosts) <= set(range(self.process_count)):
+            raise ValueError(
+                f"data_hosts names processes {list(self.data_hosts)} outside "
+                f"[0, {self.process_count})."
+            )
+
+    def __hash__(self) -> int:  # computed once: topologies key the plan cache of every call
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(
+                (
+                    self.process_index,
+                    self.process_count,
+                    self.device_process,
+                    self.virtual,
+                    self.data_hosts,
+                )
+            )
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    @property
+    def device_count(self) -> int:
+        """The number of devices of the whole run."""
+        return len(self.device_process)
+
+    def devices_of(self, process: int) -> tuple[int, ...]:
+        """The device ids owned by ``process``, ascending."""
+        return tuple(d for d, p in enumerate(self.device_process) if p == process)
+
+
+class _Overrides:
+    """The installed providers, innermost last: ``(backend name, topology)``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stack: list[tuple[str, Topology]] = []
+
+
+_OVERRIDES = _Overrides()
+
+
+def current_topology(
+    mesh: Mesh | None = None, *, backend: str | None = None, of: runtime.Runtime | None = None
+) -> Topology:
+    """The topology of ``mesh``'s backend (or of the backend called ``backend``; neither: the
+    process's default backend): an installed provider's for that backend, else the backend's.
+
+    ``of``: ``mesh``'s backend itself, when the caller has it (saves looking it up again).
+    """
+    name = mesh.backend if mesh is not None else backend
+    stack = _OVERRIDES.stack  # read without the lock (hot path): one list read, atomic
+    if not stack and of is not None:
+        return of.topology()
+    if stack:
+        try:
+            emulated, topology = stack[-1]
+        except IndexError:  # emptied by another thread between the two reads
+            pass
+        else:
+            if name is None:
+                name = runtime.runtime(None).name
+            if emulated == name:
+                return topology
+    return runtime.runtime(name).topology()
+
+
+def override() -> tuple[str, Topology] | None:
+    """The innermost installed provider, ``(backend name, topology)``; ``None`` when none is."""
+    stack = _OVERRIDES.stack
+    try:
+        return stack[-1]
+    except IndexError:
+        return None
+
+
+@contextlib.contextmanager
+def override_topology(topology: Topology, *, backend: str = "xla") -> Iterator[Topology]:
+    """Installs ``topology`` process-wide, for meshes of ``backend``, for the duration of the
+    block (nests)."""
+    entry = (backend, topology)
+    with _OVERRIDES.lock:
+        _OVERRIDES.stack.append(entry)
+    try:
+        yield topology
+    finally:
+        with _OVERRIDES.lock:
+            # Remove this very entry (the innermost occurrence), not the first equal one:
+            # Topology is a value type, and equal overrides may be nested or installed by
+            # other threads.
+            stack = _OVERRIDES.stack
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is entry:
+                    del stack[i]
+                    break
+
+
+def process_index() -> int:
+    """This process's index (the emulated one inside ``virtual_hosts``).
+
+    Asked of the current mesh's backend; outside any mesh, of the process's default backend:
+    torch_xla when it is imported, else DTensor once torch.distributed's default process group
+    is initialised (the rank), else torch_xla.
+
+    Example:
+        >>> torchshard.process_index()   # one host
+        0
+    """
+    return current_topology(current_mesh()).process_index
+
+
+def process_count() -> int:
+    """The number of processes (hosts) of the run (emulated inside ``virtual_hosts``); asked
+    of the same backend as ``process_index()``.
+
+    Example:
+        >>> torchshard.process_count()   # one host
+        1
+    """
+    return current_topology(current_mesh()).process_count
+

@@ -1,0 +1,218 @@
+"""Pytree handling on optree, with JAX's semantics and precise error messages.
+
+- ``None`` is an empty subtree of a data tree (it is passed through, never a leaf).
+- dicts, lists, tuples, namedtuples and dataclasses are nodes and keep their types; plain
+  dataclasses are registered (in torchshard's optree namespace) the first time they are seen.
+- Spec trees are prefixes of data trees: a spec (or ``None``) at a node applies to every leaf
+  under it. A spec tree that is not a prefix raises ``TreeStructureError`` naming the key path,
+  and showing both trees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import optree
+
+from torchshard._core.errors import TreeStructureError
+
+NAMESPACE = "torchshard"
+_LEAF_TYPES: set[type] = set()
+_REGISTERED: set[type] = set()
+_REG_LOCK = threading.Lock()
+
+
+def register_leaf_type(cls: type) -> type:
+    """Marks a dataclass type as a leaf (never flattened), e.g. ``TensorSpec``."""
+    _LEAF_TYPES.add(cls)
+    return cls
+
+
+def _register_dataclass(cls: type) -> None:
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+    def flatten(obj: Any) -> tuple[list[Any], tuple[str, ...], tuple[str, ...]]:
+        return [getattr(obj, n) for n in names], names, names
+
+    def unflatten(meta: tuple[str, ...], children: Any) -> Any:
+        return cls(**dict(zip(meta, children, strict=True)))
+
+    optree.register_pytree_node(
+        cls, flatten, unflatten, path_entry_type=optree.GetAttrEntry, namespace=NAMESPACE
+    )
+
+
+_PLAIN_LEAF_TYPES: set[type] = set()  # leaf types seen that are not dataclasses (cache)
+
+
+def _is_node_dataclass(x: Any) -> bool:
+    cls = type(x)
+    if cls in _PLAIN_LEAF_TYPES:  # the hot path: tensors and arrays, seen before
+        return False
+    if not dataclasses.is_dataclass(cls):
+        _PLAIN_LEAF_TYPES.add(cls)
+        return False
+    return cls not in _LEAF_TYPES and cls not in _REGISTERED
+
+
+def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any, ...]:
+    while True:
+        leaves, treespec = optree.tree_flatten(
+            tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
+        )
+        # Register the dataclasses found as leaves, except those ``is_leaf`` keeps as leaves
+        # (e.g. a dataclass used as a spec in a spec tree), then flatten again.
+        new = {
+            type(x) for x in leaves if _is_node_dataclass(x) and (is_leaf is None or not is_leaf(x))
+        }
+        if not new:
+            return leaves, treespec
+        with _REG_LOCK:
+            for cls in new - _REGISTERED:
+                _register_dataclass(cls)
+                _REGISTERED.add(cls)
+
+
+# Flat dicts (every value a leaf) seen before, by their keys in insertion order: their treespec
+# and the keys in optree's leaf order. Flattening one again is a dict lookup and a list, not an
+# optree call: a training loop's batch is such a dict, and ``host_to_global_array`` flattens it
+# on every step (docs/design.md, "Engine").
+_FLAT_DICTS: dict[tuple[Any, ...], tuple[optree.PyTreeSpec, tuple[Any, ...]]] = {}
+_FLAT_DICTS_BOUND = 256
+
+
+def flatten(
+    tree: Any, *, is_leaf: Callable[[Any], bool] | None = None
+) -> tuple[list[Any], optree.PyTreeSpec]:
+    """``(leaves, treespec)`` (``None`` is an empty subtree; dataclasses are nodes)."""
+    plain = _PLAIN_LEAF_TYPES
+    flat_dict = is_leaf is None and type(tree) is dict
+    if flat_dict:
+        known = _FLAT_DICTS.get(tuple(tree))
+        if known is not None:
+            treespec, order = known
+            leaves = [tree[k] for k in order]
+            for x in leaves:  # values of types seen as leaves before: the same structure
+                if type(x) not in plain:
+                    break
+            else:
+                return leaves, treespec
+    leaves, treespec = optree.tree_flatten(
+        tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
+    )
+    for x in leaves:  # every leaf of a type seen before that is no dataclass
+        if type(x) not in plain:
+            return _flatten_raw(tree, is_leaf)  # registers new dataclasses and flattens again
+    if flat_dict and treespec.num_leaves == len(tree) and treespec.num_nodes == len(tree) + 1:
+        if len(_FLAT_DICTS) >= _FLAT_DICTS_BOUND:
+            _FLAT_DICTS.clear()
+        _FLAT_DICTS[tuple(tree)] = (treespec, tuple(treespec.entries()))
+    return leaves, treespec
+
+
+def paths(treespec: optree.PyTreeSpec, name: str) -> list[str]:
+    """Each leaf's path as code, e.g. ``host_arrays['x'][0]`` (computed on demand: it is only
+    needed for error messages)."""
+    return [a.codify(name) for a in treespec.accessors()]
+
+
+class LazyPaths:
+    """``paths(treespec, name)``, computed the first time an entry is read."""
+
+    __slots__ = ("_name", "_paths", "_treespec")
+
+    def __init__(self, treespec: optree.PyTreeSpec, name: str) -> None:
+        self._treespec = treespec
+        self._name = name
+        self._paths: list[str] | None = None
+
+    def __getitem__(self, i: int) -> str:
+        if self._paths is None:
+            self._paths = paths(self._treespec, self._name)
+        return self._paths[i]
+
+
+def unflatten(treespec: optree.PyTreeSpec, leaves: list[Any]) -> Any:
+    """The tree of ``treespec`` with ``leaves``."""
+    return optree.tree_unflatten(treespec, leaves)
+
+
+def structure(tree: Any) -> optree.PyTreeSpec:
+    """The treespec of ``tree`` (``None`` an empty subtree)."""
+    return _flatten_raw(tree, None)[1]
+
+
+class _NoneSpec:
+    """Stands in for ``None`` in a spec tree, where ``None`` is a leaf ("no spec")."""
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+_NONE = _NoneSpec()
+
+
+def broadcast_prefix(
+    prefix_tree: Any,
+    full_tree: Any,
+    *,
+    is_prefix_leaf: Callable[[Any], bool],
+    prefix_name: str,
+    full_name: str,
+) -> list[Any]:
+    """For each leaf of ``full_tree`` (in ``flatten`` order), the leaf of ``prefix_tree`` that
+    covers it.
+
+    ``None`` in ``prefix_tree`` is a leaf that covers its whole subtree and comes back as
+    ``None``. ``is_prefix_leaf`` applies to ``prefix_tree`` only: ``full_tree`` keeps its own
+    structure (its dataclasses stay nodes even when the prefix's leaves are dataclasses).
+    Raises ``TreeStructureError`` when ``prefix_tree`` is not a prefix of ``full_tree``.
+    """
+    leaf_test = lambda x: x is _NONE or is_prefix_leaf(x)  # noqa: E731
+    prefix = _none_to_proxy(prefix_tree, is_prefix_leaf)
+    prefix_leaves, prefix_spec = _flatten_raw(prefix, leaf_test)
+    flatten(full_tree)  # registers the full tree's dataclasses before matching against them
+    try:
+        subtrees = prefix_spec.flatten_up_to(full_tree)
+    except ValueError:
+        raise _prefix_error(prefix, full_tree, leaf_test, prefix_name, full_name) from None
+    out: list[Any] = []
+    for leaf, sub in zip(prefix_leaves, subtrees, strict=True):
+        out.extend([None if leaf is _NONE else leaf] * len(flatten(sub)[0]))
+    return out
+
+
+def _none_to_proxy(tree: Any, is_leaf: Callable[[Any], bool]) -> Any:
+    if tree is None:
+        return _NONE
+    flatten(tree, is_leaf=is_leaf)  # registers the dataclass nodes of the prefix first
+    return optree.tree_map(
+        lambda x: _NONE if x is None else x,
+        tree,
+        is_leaf=lambda x: x is None or is_leaf(x),
+        none_is_leaf=True,
+        namespace=NAMESPACE,
+    )
+
+
+def _prefix_error(
+    prefix: Any,
+    full: Any,
+    leaf_test: Callable[[Any], bool],
+    prefix_name: str,
+    full_name: str,
+) -> TreeStructureError:
+    errors = optree.prefix_errors(
+        prefix, full, is_leaf=leaf_test, none_is_leaf=False, namespace=NAMESPACE
+    )
+    detail = errors[0](prefix_name) if errors else "structures differ"
+    prefix_spec = optree.tree_structure(
+        prefix, is_leaf=leaf_test, none_is_leaf=False, namespace=NAMESPACE
+    )
+    return TreeStructureError(
+        f"{prefix_name} must be a tree prefix of {full_name}, but it is not.\n{detail}\n"
+        f"{prefix_name} tree: {prefix_spec}\n{full_name} tree: {structure(full)}"
+    )

@@ -1,0 +1,147 @@
+"""Host -> global: ``host_to_global_array``, its deprecated alias, and ``host_to_global_specs``.
+
+Data flow of ``host_to_global_array`` (the engine is ``_engine.py``): the current mesh, its
+backend and topology; ``read`` flattens this host's tree; the backend's agreement step
+(DTensor: one 8-byte all-gather; torch_xla: nothing); ``plan`` validates and plans every leaf
+(or finds the call's plans kept from an earlier call); ``place`` hands one view per local device
+to the backend. Nothing moves before every leaf is validated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchshard._backend import backend_by_name, get_backend
+from torchshard._core.deprecation import warn_once
+from torchshard._core.errors import ShardingError, at
+from torchshard._core.mesh import current_mesh, require_mesh
+from torchshard._core.partition import DEFAULT_PARTITION
+from torchshard._core.plan import infer_global_shape
+from torchshard._core.sharding import NamedSharding, dim_axes
+from torchshard._core.spec import DataPartitionType
+from torchshard._core.tensor_spec import TensorSpec
+from torchshard._core.topology import current_topology
+from torchshard._core.tree import flatten, paths, unflatten
+from torchshard._engine import HostCall, check_full_batch, place, plan, spec_tree_of, specs_for
+from torchshard._host_data import shape_dtype
+
+
+def warn_partition_type(partition: Any, *, stacklevel: int) -> None:
+    """The deprecation warning of a ``DataPartitionType`` passed as ``partition=``, pointing
+    ``stacklevel`` frames above the caller of this function (1: the caller's caller)."""
+    if isinstance(partition, DataPartitionType):
+        warn_once(
+            "partition-type",
+            "Passing a DataPartitionType to host_to_global_array is deprecated; pass a "
+            "PartitionSpec (e.g. torchshard.input_partition_spec()) instead.",
+            stacklevel=stacklevel + 3,  # warn_once, this function, its caller, ...
+        )
+
+
+def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """Turns each host's block of a batch into global tensors sharded over the current mesh.
+
+    Every process passes its own block (a tree of numpy arrays or CPU tensors); the global
+    shape is inferred from the mesh and the device -> process map, as in JAX's
+    ``make_array_from_process_local_data``. Each device receives only its shard.
+
+    Args:
+        host_arrays: a tree (dicts, lists, tuples, namedtuples, dataclasses; ``None`` passes
+            through) of numpy arrays or CPU tensors.
+        partition: a ``PartitionSpec``, a prefix tree of them, or (deprecated) a
+            ``DataPartitionType``. Default: ``FULL``, dim 0 split over every mesh axis.
+
+    Returns:
+        The same tree with global tensors of the mesh's backend at the leaves (XLA tensors;
+        ``DTensor``s on a mesh of the ``"dtensor"`` backend).
+
+    Raises:
+        ShardingError: (a ``ValueError``) naming the leaf's path: no mesh, a spec longer than
+            the rank, an unknown axis, an indivisible dimension, FULL leaves that disagree on
+            the batch size. ``TypeError`` for unsupported leaf types or dtypes. Nothing is
+            transferred when any leaf is bad.
+        ProcessDisagreementError: (DTensor backend, on every process) the processes passed
+            different structures, shapes or dtypes; see ``set_agreement_check``.
+
+    Example (mesh ``(4, 2)``, one host): 8 rows split over all 8 devices, one row each:
+
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+        >>> with mesh:
+        ...     g = torchshard.host_to_global_array({"x": np.arange(16).reshape(8, 2)})
+        >>> g["x"].shape, g["x"].device.type
+        (torch.Size([8, 2]), 'xla')
+    """
+    # The hot path of a training loop: every frame counts here (after a transfer the caches
+    # are cold), so the steps are written out once, in this function (docs/design.md, "Engine").
+    mesh = current_mesh()
+    if mesh is None:
+        require_mesh("host_to_global_array")  # raises NoMeshError
+    backend = backend_by_name(mesh.backend)
+    topology = current_topology(mesh, of=backend)
+    if len(topology.data_hosts) != 1:
+        raise ShardingError(
+            f"host_to_global_array inside virtual_hosts({topology.process_count}) has only this "
+            "host's data; use torchshard.testing.host_to_global_array_per_host with one tree "
+            "per host."
+        )
+    if isinstance(partition, DataPartitionType):
+        warn_partition_type(partition, stacklevel=1)
+    call = HostCall((host_arrays,), partition, False)  # one tree: what `read` checks holds
+    backend.agree(mesh, call, what="host_arrays")
+    return place(backend, mesh, plan(mesh, backend, topology, call), call)
+
+
+def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """Deprecated alias of ``host_to_global_array``."""
+    warn_once(
+        "host_to_global_device_array",
+        "host_to_global_device_array is deprecated; use host_to_global_array.",
+    )
+    if isinstance(partition, DataPartitionType):  # warned here, at our caller's line (once)
+        warn_partition_type(partition, stacklevel=1)
+    return host_to_global_array(host_arrays, partition=partition)
+
+
+def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+    """The ``TensorSpec`` tree that ``host_to_global_array`` would return; nothing moves.
+
+    Args:
+        host_specs: a tree whose leaves are ``TensorSpec``s or objects with ``.shape`` and
+            ``.dtype`` (numpy arrays, tensors), each a host's block.
+        partition: as for ``host_to_global_array``.
+
+    Example (8 devices, one host):
+
+        >>> with torchshard.Mesh(np.arange(8), ("data",)):
+        ...     specs = torchshard.host_to_global_specs({"x": torchshard.TensorSpec((8, 2), torch.int64)})
+        >>> specs["x"].shape
+        (8, 2)
+    """  # noqa: E501
+    mesh = require_mesh("host_to_global_specs")
+    backend = get_backend(mesh)
+    topology = current_topology(mesh)
+    warn_partition_type(partition, stacklevel=1)
+    spec_tree, full = spec_tree_of(partition)
+    # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
+    # otherwise be a node); the partition is then matched against a tree of TensorSpecs.
+    leaves, treespec = flatten(host_specs, is_leaf=_has_shape_and_dtype)
+    where = paths(treespec, "host_specs")
+    shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
+    as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
+    specs = specs_for(spec_tree, as_specs, len(leaves), "host_specs")
+    if full:
+        check_full_batch(where, [s for s, _ in shapes_dtypes])
+    out = []
+    for (shape, dtype), path, spec in zip(shapes_dtypes, where, specs, strict=True):
+        axes = dim_axes(mesh, spec, len(shape), where=path)
+        try:
+            global_shape = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
+            backend.check_layout(mesh, axes)
+        except ShardingError as e:
+            raise type(e)(at(path, str(e))) from None
+        out.append(TensorSpec(global_shape, dtype, NamedSharding(mesh, spec)))
+    return unflatten(treespec, out)
+
+
+def _has_shape_and_dtype(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")

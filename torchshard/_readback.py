@@ -1,0 +1,172 @@
+"""Global -> host: ``global_to_host_array`` (this host's block) and ``replicate_to_local_data``
+(the whole value).
+
+Reading back asks the backend for the local shards with their global ranges (torch_xla: one
+``_get_local_shards`` call for the whole tree, no compilation; DTensor: ``to_local()`` with
+DTensor's own offsets) and concatenates the distinct ranges along each dimension. It does not
+depend on how the tensor was sharded, so step outputs read back too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchshard._backend import Backend, LocalShard, get_backend
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import require_mesh
+from torchshard._core.plan import block_offsets
+from torchshard._core.topology import current_topology
+from torchshard._core.tree import LazyPaths, flatten, unflatten
+
+
+def _check_global(backend: Backend, x: Any, where: str) -> None:
+    if not backend.is_global(x):
+        raise TypeError(
+            f"{where}: expected a global tensor of the {backend.name} backend (e.g. from "
+            f"host_to_global_array), but got {type(x).__name__}"
+            + (f" on {x.device}" if isinstance(x, torch.Tensor) else "")
+            + "."
+        )
+
+
+def _volume(ranges: tuple[tuple[int, int], ...]) -> int:
+    return math.prod(b - a for a, b in ranges)
+
+
+def _block(shards: Sequence[LocalShard], ndim: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The block spanned by ``shards``: along each dimension their distinct global ranges,
+    concatenated in order. ``None`` when the shards do not fill it (a non-grid set).
+
+    The distinct ranges of a tiled sharding are disjoint along each dimension, so the shards
+    fill the block exactly when their distinct volumes add up to its volume.
+    """
+    unique: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
+    for s in shards:
+        unique.setdefault(s.ranges, s.data)
+    if len(unique) == 1:
+        return next(iter(unique.values()))
+    ranges = list(unique)
+    shape, local = block_offsets(ranges, ndim)
+    if sum(_volume(r) for r in ranges) != math.prod(shape):
+        return None
+    out = torch.empty(shape, dtype=dtype)
+    for sl, data in zip(local, unique.values(), strict=True):
+        out[sl] = data
+    return out
+
+
+def _non_grid_block(
+    mine: Sequence[LocalShard],
+    addressable: Sequence[LocalShard],
+    ndim: int,
+    dtype: torch.dtype,
+    where: str,
+    host: int,
+) -> torch.Tensor:
+    """A host's block when its own devices do not fill it (a non-grid layout: the block is
+    the cross product of its devices' slices, and other hosts' devices hold some of it).
+
+    The missing parts are read from the other addressable shards: in the ``virtual_hosts``
+    emulation every device is addressable; on a real multi-host run they are not, and this
+    raises.
+    """
+    held = [{s.ranges[i] for s in mine} for i in range(ndim)]
+    inside = [s for s in addressable if all(s.ranges[i] in held[i] for i in range(ndim))]
+    block = _block(inside, ndim, dtype)
+    if block is not None:
+        return block
+    span = [sorted(h) for h in held]
+    have = sum(_volume(r) for r in {s.ranges for s in mine})
+    total = math.prod(sum(b - a for a, b in h) for h in span)
+    raise ShardingError(
+        f"{where}: host {host}'s block spans the ranges {span} (one list per dimension), but "
+        f"this process can read only {have} of its {total} elements: the layout is not a grid "
+        "per host (the host's devices do not hold the whole cross product of their slices; "
+        "other hosts' devices hold the rest). Read the whole value with "
+        "replicate_to_local_data, or use a mesh whose device order follows host boundaries "
+        "(e.g. create_device_mesh with a HybridMeshShape)."
+    )
+
+
+def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
+    """For each host in ``hosts`` (``None``: this process), its block of every leaf."""
+    mesh = require_mesh("global_to_host_array")
+    backend = get_backend(mesh)
+    topology = current_topology(mesh)
+    argname = "global_arrays"
+    leaves, treespec = flatten(global_arrays)
+    where = LazyPaths(treespec, argname)
+    for i, leaf in enumerate(leaves):
+        if not backend.is_global(leaf):
+            _check_global(backend, leaf, where[i])
+    all_shards = backend.local_shards(leaves)
+    owner = topology.device_process
+    wanted = [topology.process_index] if hosts is None else list(hosts)
+    out = []
+    for h in wanted:
+        blocks = []
+        for i, (leaf, shards) in enumerate(zip(leaves, all_shards, strict=True)):
+            mine = [s for s in shards if owner[s.device] == h]
+            if not mine:
+                raise ShardingError(
+                    f"{where[i]}: host {h} holds no shard of this tensor; expected shards on "
+                    f"its devices {topology.devices_of(h)}, got shards on devices "
+                    f"{sorted(s.device for s in shards)}."
+                )
+            block = _block(mine, leaf.dim(), leaf.dtype)
+            if block is None:
+                block = _non_grid_block(mine, shards, leaf.dim(), leaf.dtype, where[i], h)
+            blocks.append(block)
+        out.append(unflatten(treespec, blocks))
+    return out
+
+
+def global_to_host_array(global_arrays: Any, /) -> Any:
+    """This process's block of each global tensor, as CPU tensors (inverse of
+    ``host_to_global_array``).
+
+    It reads the local shards (no compilation, no all-gather) and concatenates the distinct
+    slices this process's devices hold along each dimension.
+
+    Example (one host: its block is the whole array):
+        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+        >>> x = np.arange(16).reshape(8, 2)
+        >>> with mesh:
+        ...     back = torchshard.global_to_host_array(torchshard.host_to_global_array({"x": x}))
+        >>> back["x"].device, torch.equal(back["x"], torch.as_tensor(x))
+        (device(type='cpu'), True)
+    """
+    return host_blocks(global_arrays, None)[0]
+
+
+def replicate_to_local_data(x: Any, /) -> Any:
+    """The full global value of every global tensor in ``x``, on the host.
+
+    Built from local shards when this process holds every block (one host, or the
+    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather).
+
+    Example:
+        >>> with torchshard.Mesh(np.arange(8), ("data",)):
+        ...     g = torchshard.host_to_global_array(np.arange(8))
+        ...     torchshard.replicate_to_local_data({"y": g * 10})
+        {'y': tensor([ 0, 10, 20, 30, 40, 50, 60, 70])}
+    """
+    mesh = require_mesh("replicate_to_local_data")
+    backend = get_backend(mesh)
+    leaves, treespec = flatten(x)
+    where = LazyPaths(treespec, "x")
+    for i, leaf in enumerate(leaves):
+        if not backend.is_global(leaf):
+            _check_global(backend, leaf, where[i])
+    out = []
+    for leaf, shards in zip(leaves, backend.local_shards(leaves), strict=True):
+        block = _block(shards, leaf.dim(), leaf.dtype)
+        if block is not None and tuple(block.shape) == tuple(leaf.shape):
+            out.append(block)
+        else:
+            out.append(backend.gather(leaf))
+    return unflatten(treespec, out)

@@ -1,0 +1,200 @@
+"""What a ``GlobalBatchLoader``'s background thread does for each batch (``Producer``).
+
+Per batch: take one host batch from every source (one per host this process supplies), snapshot
+the sources, check the batch against the first one, apply the dispatchers'
+``logical_to_physical_batch``, and call the engine (``read``/``plan``/``place``) as
+``host_to_global_array`` does, telling the backend it runs on a helper thread (``background``).
+It never runs the agreement step: the consumer does (``Epoch``), on the thread that runs the
+program. It holds no consumer state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torchshard._backend import get_backend
+from torchshard._core.agreement import END, describe, failure
+from torchshard._core.errors import IndivisibleError, ShardingError
+from torchshard._core.mesh import Mesh
+from torchshard._core.topology import current_topology
+from torchshard._core.tree import LazyPaths, flatten
+from torchshard._engine import place, plan, read
+from torchshard.data._batch_check import (
+    BatchChecker,
+    check_dispatch_feeds,
+    host_nbytes,
+    indivisible_error,
+)
+from torchshard.data._stats import Counters
+
+OUTCOME = "_torchshard_outcome"  # attribute of a producer's exception: its outcome description
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """What the producer hands the consumer for one batch."""
+
+    batch: Any
+    snapshot: list[Any] | None
+    outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
+    where: Callable[[int], str] | None  # leaf paths for the agreement error
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """The value of the producer's ``StopIteration``."""
+
+    snapshot: list[Any] | None
+    outcome: list[str] | None
+
+
+def stateful(source: Any) -> bool:
+    """Whether ``source`` can save and restore its position."""
+    return callable(getattr(source, "state_dict", None)) and callable(
+        getattr(source, "load_state_dict", None)
+    )
+
+
+_END = object()
+
+
+class Producer:
+    """Makes global batch ``first + i`` (``self(i)``), on the loader's thread or in ``next()``.
+
+    Args:
+        its: one iterator per source (per host this process supplies).
+        sources: the sources (snapshotted when every one is stateful).
+        dispatchers: one per source, or ``None``.
+        spec: the partition (``feed_partition``'s result).
+        mesh: the loader's mesh.
+        counters: the loader's counters (bytes, transfer seconds).
+        first: the index of the first batch (``> 0`` when resuming).
+        per_host: the sources are a list of per-host sources (names the paths of errors).
+        explicit_partition: ``partition=`` was given (names the fix of a feed mismatch).
+        agree: describe each batch's outcome for the consumer's agreement step.
+    """
+
+    def __init__(
+        self,
+        its: list[Iterator[Any]],
+        sources: Sequence[Any],
+        dispatchers: Sequence[Any] | None,
+        spec: Any,
+        mesh: Mesh,
+        counters: Counters,
+        first: int,
+        *,
+        per_host: bool,
+        explicit_partition: bool,
+        agree: bool,
+    ) -> None:
+        self.its = its
+        self.sources = sources if all(stateful(s) for s in sources) else None
+        self.dispatchers = dispatchers
+        self.per_host = per_host
+        self.explicit_partition = explicit_partition
+        self.agree = agree
+        self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
+        self.background = False  # set when a thread runs it
+        self.spec = spec
+        self.mesh = mesh
+        self.backend = get_backend(mesh)
+        self.counters = counters
+        self.first = first
+        self.check = BatchChecker()
+
+    def snapshot(self) -> list[Any] | None:
+        """The sources' states now (``None`` unless every source is stateful)."""
+        return None if self.sources is None else [s.state_dict() for s in self.sources]
+
+    def _pull(self, n: int) -> list[Any]:
+        hosts = []
+        for h, it in enumerate(self.its):
+            try:
+                hosts.append(next(it))
+            except StopIteration:
+                if h:
+                    raise ShardingError(
+                        f"GlobalBatchLoader: batch {n}: host {h}'s source ended, but host 0's "
+                        "did not; every host's source must yield the same number of batches."
+                    ) from None
+                for other, rest in enumerate(self.its[1:], start=1):
+                    if next(rest, _END) is not _END:
+                        raise ShardingError(
+                            f"GlobalBatchLoader: batch {n}: host 0's source ended, but host "
+                            f"{other}'s did not; every host's source must yield the same number "
+                            "of batches."
+                        ) from None
+                raise StopIteration(self.snapshot()) from None
+        return hosts
+
+    def __call__(self, i: int) -> Made:
+        n = self.first + i
+        try:
+            out, snapshot, host = self._make(n)
+        except StopIteration as end:
+            raise StopIteration(Ended(end.value, [END] if self.agree else None)) from None
+        except Exception as e:
+            if self.agree:
+                setattr(e, OUTCOME, failure(e))
+            raise
+        if not self.agree:
+            return Made(out, snapshot, None, None)
+        leaves, treespec = flatten(host)
+        paths = LazyPaths(treespec, "batch")
+        return Made(
+            out,
+            snapshot,
+            describe(treespec, leaves, self.spec),
+            lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
+        )
+
+    def _make(self, n: int) -> tuple[Any, list[Any] | None, Any]:
+        hosts = self._pull(n)
+        snapshot = self.snapshot()
+        per_host = len(hosts) > 1
+        for h, b in enumerate(hosts):
+            self.check(b, batch=n, host=h if per_host else None)
+        if self.dispatchers is not None:
+            hosts = [
+                d.logical_to_physical_batch(b) for d, b in zip(self.dispatchers, hosts, strict=True)
+            ]
+            if not self.feeds_checked:
+                topology = current_topology(self.mesh)
+                check_dispatch_feeds(
+                    mesh=self.mesh,
+                    spec_tree=self.spec,
+                    physical_batches=hosts,
+                    dispatchers=self.dispatchers,
+                    hosts=topology.data_hosts,
+                    explicit=self.explicit_partition,
+                    batch=n,
+                )
+                self.feeds_checked = True
+        nbytes = host_nbytes(hosts)
+        t0 = time.perf_counter()
+        try:
+            out = self._assemble(hosts)
+        except IndivisibleError as e:
+            raise indivisible_error(
+                e,
+                mesh=self.mesh,
+                spec_tree=self.spec,
+                host_batch=hosts[0],
+                batch=n,
+                dispatcher=self.dispatchers is not None,
+            ) from None
+        self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
+        return out, snapshot, hosts[0]
+
+    def _assemble(self, hosts: list[Any]) -> Any:
+        """``host_to_global_array`` of the hosts' batches, without the agreement step."""
+        mesh, backend = self.mesh, self.backend
+        topology = current_topology(mesh)
+        call = read(hosts, topology, self.spec, per_host=self.per_host)
+        return place(
+            backend, mesh, plan(mesh, backend, topology, call), call, background=self.background
+        )

@@ -1,0 +1,68 @@
+"""A loader's counters (``LoaderStats``) and its consumer's position in the source (``Cursor``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderStats:
+    """Counters of a ``GlobalBatchLoader`` since it was made (all epochs).
+
+    Attributes:
+        batches: global batches handed to the consumer.
+        bytes: host bytes transferred to the devices (every host's, under the emulation).
+        wait_seconds: time the consumer spent inside ``next()`` waiting for input.
+        transfer_seconds: time spent in ``host_to_global_array`` (on the background thread).
+    """
+
+    batches: int = 0
+    bytes: int = 0
+    wait_seconds: float = 0.0
+    transfer_seconds: float = 0.0
+
+
+class Counters:
+    """``LoaderStats``, added to from the loader's thread and its consumer's (under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = LoaderStats()
+
+    @property
+    def value(self) -> LoaderStats:
+        """The counters now."""
+        return self._value
+
+    def add(self, **delta: float) -> None:
+        """Adds ``delta`` (``batches=1, wait_seconds=...``) to the counters."""
+        with self._lock:
+            v = self._value
+            self._value = dataclasses.replace(
+                v, **{k: getattr(v, k) + d for k, d in delta.items()}
+            )
+
+
+class Cursor:
+    """Where one epoch's consumer stands: the sources' state after the last batch it took
+    (``snapshot``; ``None``: the sources are not stateful) and the index of the batch it takes
+    next. The loader gives each epoch a new cursor and reads only its current one, so an epoch
+    that was replaced can no longer move the loader's position."""
+
+    __slots__ = ("next_batch", "snapshot")
+
+    def __init__(self, snapshot: list[Any] | None, next_batch: int) -> None:
+        self.snapshot = snapshot
+        self.next_batch = next_batch
+
+    def advance(self, snapshot: list[Any] | None) -> None:
+        """The consumer took a batch, after which the sources were at ``snapshot``."""
+        self.snapshot = snapshot
+        self.next_batch += 1
+
+    def end(self, snapshot: list[Any] | None) -> None:
+        """The sources ended: the next epoch starts at batch 0, from ``snapshot``."""
+        self.snapshot = snapshot
+        self.next_batch = 0
