@@ -187,6 +187,20 @@ def test_a_flat_dict_seen_before_flattens_as_optree_does(first, again):
         assert all(a is b for a, b in zip(reference(rebuilt)[0], ref_leaves, strict=True))
 
 
+def test_a_flat_dict_of_non_arrays_is_flattened_by_optree_every_time():
+    """Only array values take the keys' path: ``None`` and a deque may have been leaves of an
+    earlier flatten under ``is_leaf`` (a spec tree's), but here they are an empty subtree and a
+    node."""
+    import collections
+
+    flatten({"k": torch.zeros(1), "q": np.zeros(1)})  # records the keys ("k", "q")
+    as_leaves = lambda x: x is None or isinstance(x, collections.deque)  # noqa: E731
+    assert len(flatten({"k": None, "q": collections.deque([1])}, is_leaf=as_leaves)[0]) == 2
+    leaves, spec = flatten({"k": None, "q": collections.deque([1, 2])})
+    assert leaves == [1, 2]
+    assert str(spec) == "PyTreeSpec({'k': None, 'q': deque([*, *])})"
+
+
 def test_a_flat_dict_keeps_its_key_order_and_its_values():
     a = {"b": torch.zeros(1), "a": np.ones(1)}
     flatten(a)

@@ -7,6 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchshard._core.tree import register_array_type
+
+# Tensors are leaves: a batch dict of them flattens from its keys (``_core/tree.flatten``).
+register_array_type(torch.Tensor)
+
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.bool,
     torch.uint8,

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import optree
 
 from torchshard._core.errors import TreeStructureError
@@ -76,33 +77,43 @@ def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any,
                 _REGISTERED.add(cls)
 
 
-# Flat dicts (every value a leaf) seen before, by their keys in insertion order: their treespec
-# and the keys in optree's leaf order. Flattening one again is a dict lookup and a list, not an
-# optree call: a training loop's batch is such a dict, and ``host_to_global_array`` flattens it
-# on every step (docs/design.md, "Engine").
+# Flat dicts of arrays seen before, by their keys in insertion order: their treespec and the keys
+# in optree's leaf order. Flattening one again is a dict lookup and a list, not an optree call:
+# a training loop's batch is such a dict, and ``host_to_global_array`` flattens it on every step
+# (docs/design.md, "Engine"). Only values of the array types below take this path: they are
+# leaves under any registry (a type seen as a leaf once need not be one: ``is_leaf`` may have
+# said so, e.g. of ``None``).
 _FLAT_DICTS: dict[tuple[Any, ...], tuple[optree.PyTreeSpec, tuple[Any, ...]]] = {}
 _FLAT_DICTS_BOUND = 256
+_ARRAY_TYPES: set[type] = {np.ndarray}
+
+
+def register_array_type(cls: type) -> None:
+    """Lets flat dicts of ``cls`` values (exact type) flatten from their keys; ``cls`` must be
+    an array type, never a tree node (``torchshard._host_data`` registers ``torch.Tensor``)."""
+    _ARRAY_TYPES.add(cls)
 
 
 def flatten(
     tree: Any, *, is_leaf: Callable[[Any], bool] | None = None
 ) -> tuple[list[Any], optree.PyTreeSpec]:
     """``(leaves, treespec)`` (``None`` is an empty subtree; dataclasses are nodes)."""
-    plain = _PLAIN_LEAF_TYPES
     flat_dict = is_leaf is None and type(tree) is dict
     if flat_dict:
         known = _FLAT_DICTS.get(tuple(tree))
         if known is not None:
             treespec, order = known
             leaves = [tree[k] for k in order]
-            for x in leaves:  # values of types seen as leaves before: the same structure
-                if type(x) not in plain:
+            arrays = _ARRAY_TYPES
+            for x in leaves:  # every value an array: the structure recorded for these keys
+                if type(x) not in arrays:
                     break
             else:
                 return leaves, treespec
     leaves, treespec = optree.tree_flatten(
         tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
     )
+    plain = _PLAIN_LEAF_TYPES
     for x in leaves:  # every leaf of a type seen before that is no dataclass
         if type(x) not in plain:
             return _flatten_raw(tree, is_leaf)  # registers new dataclasses and flattens again

@@ -177,7 +177,7 @@ class Producer:
         nbytes = host_nbytes(hosts)
         t0 = time.perf_counter()
         try:
-            out = self._assemble(hosts)
+            out = self._to_global(hosts)
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
@@ -190,7 +190,7 @@ class Producer:
         self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
         return out, snapshot, hosts[0]
 
-    def _assemble(self, hosts: list[Any]) -> Any:
+    def _to_global(self, hosts: list[Any]) -> Any:
         """``host_to_global_array`` of the hosts' batches, without the agreement step."""
         mesh, backend = self.mesh, self.backend
         topology = current_topology(mesh)
