@@ -209,11 +209,10 @@ class Mesh:
         ``mesh_dim_names`` (required), and ``mesh.native`` is the DeviceMesh itself. Along every
         axis the ranks must ascend (torch 2.9's DeviceMesh collectives assume it).
 
-        Example (on each of 4 processes, after ``init_process_group("gloo")``)::
+        Example (on each of 4 processes, after ``init_process_group("gloo")``; ``dist`` is
+        ``torch.distributed``)::
 
-            from torch.distributed.device_mesh import init_device_mesh
-
-            dm = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
+            dm = dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
             mesh = torchshard.Mesh.from_device_mesh(dm)
             assert mesh.backend == "dtensor" and mesh.native is dm
             assert dict(mesh.shape) == {"data": 2, "model": 2}
