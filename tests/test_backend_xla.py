@@ -28,7 +28,7 @@ from torchshard._backend import get_backend
 from torchshard._backend import xla as backend_xla
 from torchshard._backend.xla import _stacked
 from torchshard._core.topology import current_topology
-from torchshard._engine import place, plan, read
+from torchshard._engine import read, to_global
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
 
@@ -37,7 +37,7 @@ def assemble_per_host(blocks, *, partition, background):
     mesh = ts.current_mesh()
     backend, topology = get_backend(mesh), current_topology(mesh)
     call = read(blocks, topology, partition, per_host=True)
-    return place(backend, mesh, plan(mesh, backend, topology, call), call, background=background)
+    return to_global(mesh, backend, topology, call, background=background)
 
 
 def _index(ranges):

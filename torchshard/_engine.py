@@ -17,6 +17,8 @@ are emulated, or whether processes are compared:
 - ``place(backend, mesh, plan, call, background=...)``: one view per planned device of each
   leaf, handed to the backend, which builds the global tensor.
 
+``to_global`` is ``plan`` then ``place``, what every caller does once it holds a ``HostCall``.
+
 The cross-process agreement step is the backend's (``Backend.agree``), called by the entry
 points before ``plan``; a loader calls it on its consumer's thread instead.
 """
@@ -341,6 +343,13 @@ def place(
             for per, p in zip(per_leaf, planned.plans, strict=True)
         ]
     return unflatten(call.treespec, out)
+
+
+def to_global(
+    mesh: Mesh, backend: Backend, topology: Topology, call: HostCall, *, background: bool = False
+) -> Any:
+    """``call``'s global tensors: ``plan`` (validated, or the cached plans), then ``place``."""
+    return place(backend, mesh, plan(mesh, backend, topology, call), call, background=background)
 
 
 def one_host_placer(plan: HostPlan, make: MakeGlobal) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -22,7 +22,7 @@ from torchshard._core.spec import DataPartitionType
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import current_topology
 from torchshard._core.tree import flatten, paths, unflatten
-from torchshard._engine import HostCall, check_full_batch, place, plan, spec_tree_of, specs_for
+from torchshard._engine import HostCall, check_full_batch, spec_tree_of, specs_for, to_global
 from torchshard._host_data import shape_dtype
 
 
@@ -72,7 +72,7 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
         (torch.Size([8, 2]), 'xla')
     """
     # The hot path of a training loop: every frame counts here (after a transfer the caches
-    # are cold), so the steps are written out once, in this function (docs/design.md, "Engine").
+    # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     mesh = current_mesh()
     if mesh is None:
         require_mesh("host_to_global_array")  # raises NoMeshError
@@ -88,7 +88,7 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
         warn_partition_type(partition, stacklevel=1)
     call = HostCall((host_arrays,), partition, False)  # one tree: what `read` checks holds
     backend.agree(mesh, call, what="host_arrays")
-    return place(backend, mesh, plan(mesh, backend, topology, call), call)
+    return to_global(mesh, backend, topology, call)
 
 
 def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:

@@ -113,7 +113,7 @@ def create_device_mesh(
     """
     runtime = backend_by_name(backend)
     # The named backend's devices (or their emulation), whatever the default backend is.
-    topology = current_topology(backend=backend)
+    topology = current_topology(backend=backend, of=runtime)
     ids = (
         np.arange(topology.device_count)
         if devices is None

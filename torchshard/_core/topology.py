@@ -108,12 +108,10 @@ def current_topology(
     """The topology of ``mesh``'s backend (or of the backend called ``backend``; neither: the
     process's default backend): an installed provider's for that backend, else the backend's.
 
-    ``of``: ``mesh``'s backend itself, when the caller has it (saves looking it up again).
+    ``of``: that backend itself, when the caller has it (saves looking it up again).
     """
     name = mesh.backend if mesh is not None else backend
     stack = _OVERRIDES.stack  # read without the lock (hot path): one list read, atomic
-    if not stack and of is not None:
-        return of.topology()
     if stack:
         try:
             emulated, topology = stack[-1]
@@ -124,7 +122,7 @@ def current_topology(
                 name = runtime.runtime(None).name
             if emulated == name:
                 return topology
-    return runtime.runtime(name).topology()
+    return (runtime.runtime(name) if of is None else of).topology()
 
 
 def override() -> tuple[str, Topology] | None:

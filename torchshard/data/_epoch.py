@@ -14,7 +14,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchshard._backend import get_backend
 from torchshard._core.agreement import outcome_disagreement
 from torchshard._core.mesh import thread_mesh
 from torchshard.data._prefetch import Prefetcher
@@ -36,7 +35,7 @@ class Epoch(Iterator[Any]):
         self, producer: Producer, prefetch: int, *, counters: Counters, cursor: Cursor
     ) -> None:
         self._mesh = producer.mesh
-        self._backend = get_backend(producer.mesh)
+        self._backend = producer.backend
         self._counters = counters
         self._cursor = cursor
         self._next = producer.first

@@ -21,7 +21,7 @@ from torchshard._core.errors import IndivisibleError, ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.topology import current_topology
 from torchshard._core.tree import LazyPaths, flatten
-from torchshard._engine import place, plan, read
+from torchshard._engine import read, to_global
 from torchshard.data._batch_check import (
     BatchChecker,
     check_dispatch_feeds,
@@ -195,6 +195,4 @@ class Producer:
         mesh, backend = self.mesh, self.backend
         topology = current_topology(mesh)
         call = read(hosts, topology, self.spec, per_host=self.per_host)
-        return place(
-            backend, mesh, plan(mesh, backend, topology, call), call, background=self.background
-        )
+        return to_global(mesh, backend, topology, call, background=self.background)

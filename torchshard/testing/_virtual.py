@@ -20,7 +20,7 @@ from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import current_mesh, require_mesh
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.topology import Topology, current_topology, override, override_topology
-from torchshard._engine import place, plan, read
+from torchshard._engine import read, to_global
 from torchshard._host_to_global import warn_partition_type
 from torchshard._readback import host_blocks
 
@@ -118,7 +118,7 @@ def host_to_global_array_per_host(
     warn_partition_type(partition, stacklevel=1)
     call = read(per_host_arrays, topology, partition, per_host=True)
     backend.agree(mesh, call, what=call.argname)
-    return place(backend, mesh, plan(mesh, backend, topology, call), call)
+    return to_global(mesh, backend, topology, call)
 
 
 def global_to_host_array_per_host(global_arrays: Any, /) -> list[Any]:

@@ -44,7 +44,7 @@ import torch
 from torchshard._backend import get_backend, xla
 from torchshard._core.mesh import current_mesh, thread_mesh
 from torchshard._core.topology import current_topology
-from torchshard._engine import place, plan, read
+from torchshard._engine import read, to_global
 from torchshard._tools.bench._report import Report, compare
 
 NAME = "loader"
@@ -64,7 +64,7 @@ def transfer(batch: Any, spec: Any, background: bool, *_: Any) -> Any:
     mesh = current_mesh()
     backend, topology = get_backend(mesh), current_topology(mesh)
     call = read([batch], topology, spec, per_host=False)
-    return place(backend, mesh, plan(mesh, backend, topology, call), call, background=background)
+    return to_global(mesh, backend, topology, call, background=background)
 
 
 class HoldingLoader:
