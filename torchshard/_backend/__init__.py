@@ -90,6 +90,19 @@ class Backend(Protocol):
         """Called when ``mesh``'s context exits; ``outer`` is the mesh that is current again."""
         ...
 
+    def bind_thread(self, mesh: Mesh) -> None:
+        """Called first on a helper thread that will place data on ``mesh`` (a loader's): makes
+        this process's device of ``mesh`` current there (the current device is per thread;
+        torch's pin-memory thread does the same). Nothing for a CPU mesh or torch_xla."""
+        ...
+
+    def fence(self) -> Callable[[], None] | None:
+        """Ends the batch of copies the calling thread started (``make_global(background=
+        True)``) and returns its hand-off: called on the consumer's thread, it makes that
+        thread's stream wait for these copies only. ``None`` when there is nothing to wait for
+        (a CPU mesh, torch_xla)."""
+        ...
+
     def mesh_from_native(self, native: Any) -> Mesh:
         """The ``Mesh`` of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``)."""
         ...

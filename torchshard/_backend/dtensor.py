@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._backend import AgreementCall, LocalShard, register_backend
+from torchshard._backend import AgreementCall, LocalShard, register_backend, staging
+from torchshard._backend import device as devices
 from torchshard._core.agreement import agreement_check_enabled, digest, disagreement
 from torchshard._core.errors import NoProcessGroupError, ShardingError
 from torchshard._core.mesh import Mesh
@@ -91,7 +92,23 @@ def _check_rank_order(mesh: Mesh) -> None:
 
 
 def _device_type() -> str:
-    return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
+    """The device type of a DeviceMesh torchshard builds: the process's accelerator when the
+    default group serves it, else the CPU (``device.device_type_for``)."""
+    return devices.device_type_for(str(dist.get_backend()), devices.accelerator_type())
+
+
+_DEVICES: dict[int, tuple[DeviceMesh, devices.MeshDevice]] = {}  # id(DeviceMesh) -> its device
+
+
+def mesh_device(dm: DeviceMesh) -> devices.MeshDevice:
+    """This process's device of ``dm``: its type, and the index current when the mesh was first
+    looked up on the program's thread (mesh entry; ``DeviceMesh`` sets it when built)."""
+    hit = _DEVICES.get(id(dm))
+    if hit is not None and hit[0] is dm:
+        return hit[1]
+    dev = devices.current_device(dm.device_type)
+    _DEVICES[id(dm)] = (dm, dev)
+    return dev
 
 
 class _Groups:
@@ -146,6 +163,7 @@ def device_mesh(mesh: Mesh) -> DeviceMesh:
     _check_rank_order(mesh)
     native = mesh.native
     dm = native if isinstance(native, DeviceMesh) else _GROUPS.device_mesh(mesh)
+    mesh_device(dm)  # the device index, read at mesh entry
     _LAST[0] = (mesh, world, dm)
     return dm
 
@@ -175,11 +193,36 @@ def create_mesh(grid: np.ndarray, axis_names: Sequence[str]) -> Mesh:
     require_process_group()
     names = tuple(axis_names)
     _check_rank_order(Mesh(grid, names, backend="dtensor"))  # validates before any collective
-    if np.array_equal(grid.reshape(-1), np.arange(grid.size)):
-        dm = init_device_mesh(_device_type(), tuple(grid.shape), mesh_dim_names=names)
+    device_type = _device_type()
+    default_layout = np.array_equal(grid.reshape(-1), np.arange(grid.size))
+    topology_aware = devices.topology_aware(device_type) if default_layout else None
+    if topology_aware is not None:
+        dm = _topology_aware_mesh(topology_aware, device_type, tuple(grid.shape), names)
+    elif default_layout:
+        dm = init_device_mesh(device_type, tuple(grid.shape), mesh_dim_names=names)
     else:
-        dm = DeviceMesh(_device_type(), torch.as_tensor(grid), mesh_dim_names=names)
+        dm = DeviceMesh(device_type, torch.as_tensor(grid), mesh_dim_names=names)
     return mesh_from_device_mesh(dm)
+
+
+def _topology_aware_mesh(
+    build: Callable[..., Any], device_type: str, shape: tuple[int, ...], names: tuple[str, ...]
+) -> DeviceMesh:
+    """TorchTPU's layout of ``shape`` (``topology_aware_mesh(shape, mesh_dim_names=names)``:
+    a DeviceMesh, or a grid of ranks), with the indices along each axis reordered so that the
+    ranks ascend (same process groups; ``device.ascending_grid``), or a clear error."""
+    made = build(shape, mesh_dim_names=names)
+    ranks = made.mesh if isinstance(made, DeviceMesh) else made
+    grid = np.asarray(torch.as_tensor(ranks).cpu().numpy(), dtype=np.int64)
+    if grid.shape != shape:
+        raise ShardingError(
+            f"torch.tpu.distributed.topology_aware_mesh{shape} returned a layout of shape "
+            f"{grid.shape}; expected {shape}."
+        )
+    ordered = devices.ascending_grid(grid, names, "torch.tpu.distributed.topology_aware_mesh")
+    if isinstance(made, DeviceMesh) and np.array_equal(ordered, grid):
+        return made
+    return DeviceMesh(device_type, torch.as_tensor(ordered), mesh_dim_names=names)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -364,6 +407,17 @@ class DTensorBackend:
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
         return None  # DTensors carry their DeviceMesh; there is no global mesh to restore
 
+    def bind_thread(self, mesh: Mesh) -> None:
+        devices.bind_thread(mesh_device(device_mesh(mesh)))
+
+    def fence(self) -> Callable[[], None] | None:
+        readies = staging.seal_all()
+        if not readies:
+            return None
+        if len(readies) == 1:
+            return readies[0]
+        return lambda: [r() for r in readies] and None
+
     def is_global(self, x: Any) -> bool:
         return isinstance(x, DTensor)
 
@@ -386,8 +440,16 @@ class DTensorBackend:
             )
         dm = device_mesh(mesh)
         local = shards[0]
-        if dm.device_type == "cpu":  # own the memory, as a device copy would
+        dev = mesh_device(dm)
+        if dev.is_cpu:  # own the memory, as a device copy would
             local = local.clone(memory_format=torch.contiguous_format)
+        else:  # pinned staging, a non_blocking copy on the copy stream (staging.py)
+            ring = staging.ring(dev)
+            local = ring.stage(local)
+            if not background:  # this thread uses it next: its stream waits for this copy
+                ready = ring.seal()
+                if ready is not None:
+                    ready()
         return DTensor.from_local(
             local,
             dm,
@@ -408,13 +470,15 @@ class DTensorBackend:
         if not tensors:
             return []
         rank = dist.get_rank()
-        out = []
+        locals_, ranges = [], []
         for x in tensors:
             x = _without_partial(x)
             shape, offset = _local_offset(x)
-            ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
-            out.append([LocalShard(rank, ranges, _host_copy(x.to_local()))])
-        return out
+            ranges.append(tuple((o, o + n) for o, n in zip(offset, shape, strict=True)))
+            locals_.append(x.to_local())
+        # device -> pinned host memory for every leaf, then one synchronisation
+        hosts = staging.read_back(locals_)
+        return [[LocalShard(rank, r, h)] for r, h in zip(ranges, hosts, strict=True)]
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         x = _without_partial(x)

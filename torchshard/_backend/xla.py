@@ -323,6 +323,12 @@ class XlaBackend:
         else:
             _xs().set_global_mesh(None)
 
+    def bind_thread(self, mesh: Mesh) -> None:
+        return None  # torch_xla places through its runtime, not a thread's current device
+
+    def fence(self) -> Callable[[], None] | None:
+        return None  # torch_xla orders transfers before the computations that read them
+
     def is_global(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor) and x.device.type == "xla"
 

@@ -9,6 +9,7 @@ the loader only through what it was given (producer, counters, cursor).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -19,6 +20,15 @@ from torchshard._core.mesh import thread_mesh
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import OUTCOME, Ended, Made, Producer
 from torchshard.data._stats import Counters, Cursor
+
+
+@contextlib.contextmanager
+def _loader_thread(mesh: Any, backend: Any) -> Iterator[None]:
+    """The loader thread's set-up, before any copy: this process's device of the mesh made
+    current (``Backend.bind_thread``; the current device is per thread), and the mesh."""
+    backend.bind_thread(mesh)
+    with thread_mesh(mesh):
+        yield
 
 
 class Epoch(Iterator[Any]):
@@ -45,11 +55,12 @@ class Epoch(Iterator[Any]):
         if prefetch:
             mesh, first = producer.mesh, producer.first
             producer.background = True
+            backend = producer.backend
             self._prefetcher = Prefetcher(
                 producer,
                 depth=prefetch,
                 name="torchshard-loader",
-                context=lambda: thread_mesh(mesh),
+                context=lambda: _loader_thread(mesh, backend),
                 where=lambda i: f"batch {first + i}",
             )
             self._producer = None  # the thread owns it now
@@ -85,6 +96,8 @@ class Epoch(Iterator[Any]):
         except BaseException:
             self.close()
             raise
+        if made.ready is not None:  # this thread's stream waits for this batch's copies
+            made.ready()
         self._counters.add(batches=1, wait_seconds=time.perf_counter() - t0)
         self._cursor.advance(made.snapshot)
         self._next += 1

@@ -41,6 +41,9 @@ class Made:
     snapshot: list[Any] | None
     outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
     where: Callable[[int], str] | None  # leaf paths for the agreement error
+    ready: Callable[[], None] | None = None
+    """The batch's hand-off (``Backend.fence``): the consumer calls it before using the batch,
+    so that its stream waits for this batch's copies; ``None``: nothing to wait for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +141,15 @@ class Producer:
         except StopIteration as end:
             raise StopIteration(Ended(end.value, [END] if self.agree else None)) from None
         except Exception as e:
+            if self.background:  # drop the failed batch's copies from the staging ring
+                self.backend.fence()
             if self.agree:
                 setattr(e, OUTCOME, failure(e))
             raise
+        # The copies of a batch made on the loader's thread end with one fence for the batch.
+        ready = self.backend.fence() if self.background else None
         if not self.agree:
-            return Made(out, snapshot, None, None)
+            return Made(out, snapshot, None, None, ready)
         leaves, treespec = flatten(host)
         paths = LazyPaths(treespec, "batch")
         return Made(
@@ -150,6 +157,7 @@ class Producer:
             snapshot,
             describe(treespec, leaves, self.spec),
             lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
+            ready,
         )
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any]:
