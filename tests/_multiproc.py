@@ -2,9 +2,11 @@
 
 ``WorkerPool(n)`` starts ``n`` fresh interpreters running this file. They do not load
 ``conftest.py`` (so never torch_xla): each initialises torch.distributed's default process
-group over gloo on 127.0.0.1, then runs the cases the test process sends it, one at a time and
-in lockstep with the others (a case is a function of ``tests/_dtensor_cases.py``, or of
-another module of ``tests/`` named as ``"module:function"``, which all ranks call together).
+group over gloo (or the backend named by ``TORCHSHARD_TEST_PG``, e.g.
+``cpu:gloo,cuda:nccl`` with one GPU per rank) on 127.0.0.1, then runs the cases the test
+process sends it, one at a time and in lockstep with the others (a case is a function of
+``tests/_dtensor_cases.py``, or of another module of ``tests/`` named as
+``"module:function"``, which all ranks call together).
 ``pool.run("case", **kwargs)`` returns one result per rank.
 
 Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``), and the test
@@ -31,6 +33,7 @@ from typing import Any
 
 COLLECTIVE_TIMEOUT = 60.0  # seconds; shorter than a case's timeout, so hangs become errors
 CASES_MODULE = "_dtensor_cases"
+BACKEND_ENV = "TORCHSHARD_TEST_PG"  # the workers' process-group backend (default gloo)
 _STRIPPED_ENV = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS", "XLA_USE_SPMD")
 
 
@@ -167,9 +170,14 @@ def _worker_main() -> None:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = os.environ.get(BACKEND_ENV, "gloo")
     try:
+        if "nccl" in backend:  # one GPU per rank, current before any DeviceMesh (torchrun's way)
+            import torch
+
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
             rank=rank,
             world_size=world,

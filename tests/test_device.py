@@ -311,3 +311,26 @@ def test_meshes_whose_ranks_do_not_ascend(pools):
             "[[0, 3], [1, 2]]: along mesh axis 'data'"
         )
         assert r["direct"] == [[0, 2], [1, 3]]
+
+
+# -- the h2d bench without an accelerator ----------------------------------------------------
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="this machine has an accelerator")
+def test_bench_h2d_without_an_accelerator_says_so_in_one_line():
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "torchshard", "bench", "h2d", "--quick", "--plain"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines() == [
+        "note: h2d: no accelerator (torch.accelerator.is_available() is False); nothing measured."
+    ]

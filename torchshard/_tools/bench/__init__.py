@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "dispatch": "torchshard._tools.bench.dispatch",
     "dtensor": "torchshard._tools.bench.dtensor",
     "dtensor_dispatch": "torchshard._tools.bench.dtensor_dispatch",
+    "h2d": "torchshard._tools.bench.h2d",
     "loader": "torchshard._tools.bench.loader",
     "soak": "torchshard._tools.bench.soak",
     "sweep": "torchshard._tools.bench.sweep",
