@@ -197,3 +197,43 @@ def permuted_mesh() -> dict[str, Any]:
         lambda shape, mesh_dim_names: np.array([[2, 0], [3, 1]]), "cpu", (2, 2), ("x", "y")
     ).mesh.tolist()
     return out
+
+
+def mesh_devices() -> dict[str, Any]:
+    """The device of each kind of mesh on a gloo process: the DeviceMesh's type, and the index
+    current when the mesh is entered (a stubbed accelerator ``fakeacc`` for a user mesh)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import torchshard as ts
+    from torchshard._backend import device as devices
+    from torchshard._backend import dtensor
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: dict[str, Any] = {"backend": str(dist.get_backend())}
+    built = ts.create_device_mesh((world,), ("data",), backend="dtensor")
+    out["built"] = (built.native.device_type, str(dtensor.mesh_device(built.native)))
+    hand = ts.Mesh(np.arange(world), ("data",), backend="dtensor")
+    with hand:
+        out["hand"] = str(dtensor.mesh_device(dtensor.device_mesh(hand)))
+    # gloo on a machine with an accelerator: still a CPU mesh
+    saved = devices.accelerator_type
+    devices.accelerator_type = lambda: "cuda"
+    try:
+        out["gloo_with_gpu"] = dtensor._device_type()
+    finally:
+        devices.accelerator_type = saved
+    # a user's DeviceMesh of an accelerator type: its type, and the index current at entry
+    module = FakeDeviceModule()
+    torch.fakeacc = module  # type: ignore[attr-defined]
+    try:
+        module.set_device(5 + rank)
+        dm = DeviceMesh(
+            "fakeacc", torch.arange(world), mesh_dim_names=("data",), _init_backend=False
+        )
+        first = str(dtensor.mesh_device(dm))
+        module.set_device(0)  # later changes do not move the mesh's device
+        out["user"] = (first, str(dtensor.mesh_device(dm)))
+    finally:
+        del torch.fakeacc  # type: ignore[attr-defined]
+    return out

@@ -334,3 +334,12 @@ def test_bench_h2d_without_an_accelerator_says_so_in_one_line():
     assert result.stdout.strip().splitlines() == [
         "note: h2d: no accelerator (torch.accelerator.is_available() is False); nothing measured."
     ]
+
+
+def test_the_device_is_the_meshs(pools):
+    for rank, r in enumerate(pools(2).run("_device_cases:mesh_devices")):
+        assert r["backend"] == "gloo"
+        assert r["built"] == ("cpu", "cpu")
+        assert r["hand"] == "cpu"
+        assert r["gloo_with_gpu"] == "cpu"
+        assert r["user"] == (f"fakeacc:{5 + rank}", f"fakeacc:{5 + rank}")
