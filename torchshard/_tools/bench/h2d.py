@@ -104,7 +104,7 @@ def _run(report: Report, device: torch.device) -> None:
     rates: dict[int, float] = {}
     with mesh:
         for leaves in (1, 8):
-            case = f"{size // MIB} MiB, {leaves} leaf" + ("" if leaves == 1 else "s")
+            case = f"{size // MIB} MiB, {leaves} " + ("leaf" if leaves == 1 else "leaves")
             report.progress(f"h2d {case}")
             rows = size // leaves // 4 // 1024
             batch = {f"x{i}": torch.randn(rows, 1024) for i in range(leaves)}
