@@ -9,10 +9,11 @@ slot; the consumer makes *its* stream wait on that event (``Ready``), so it wait
 batch only, never for copies of later batches or for the host. Before a slot is refilled the
 host waits for the copy that last read it (the batch ``slots`` batches back).
 
-The ring is bounded and reused: ``slots`` buffers, each sized to the bytes of one batch (all the
-blocks this process places in it: the plan's local shapes). A first batch, or one that outgrows
-its slot, stages the blocks that do not fit in buffers of their own, kept until that slot's copy
-has ended; the slot is then reallocated once at the batch's size and reused from then on.
+The ring is bounded and reused: ``slots`` buffers, each sized to the bytes of the largest batch
+seen (all the blocks this process places in it: the plan's local shapes). The first batch, or
+one that outgrows its slot, stages the blocks that do not fit in buffers of their own, kept
+until that slot's copy has ended; each slot is then allocated once at that size (when it is
+next filled) and reused from then on.
 
 Device -> host (``read_back``): every tensor is copied into pinned memory with a
 ``non_blocking`` copy on the current stream (after the step's work that made it), then one event
@@ -138,9 +139,10 @@ class StagingRing:
             self.driver.wait(slot.event)
             slot.event = None
         slot.extra = []
-        if slot.want and (slot.buffer is None or slot.buffer.numel() < slot.want):
+        want = max(s.want for s in self.slots)  # the largest batch seen, in any slot
+        if want and (slot.buffer is None or slot.buffer.numel() < want):
             slot.buffer = None  # free the old one first
-            slot.buffer = self._pinned(slot.want)
+            slot.buffer = self._pinned(want)
         self.open, self.used, self.need = True, 0, 0
         return slot
 
