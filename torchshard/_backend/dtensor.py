@@ -416,7 +416,12 @@ class DTensorBackend:
             return None
         if len(readies) == 1:
             return readies[0]
-        return lambda: [r() for r in readies] and None
+
+        def ready() -> None:
+            for r in readies:
+                r()
+
+        return ready
 
     def is_global(self, x: Any) -> bool:
         return isinstance(x, DTensor)
