@@ -237,3 +237,19 @@ def test_shell_blocks_print_their_output(tmp_path, block):
     outputs = [b for b in ALL if b.kind == "output" and b.name == block.name]
     for output in outputs:
         assert result.stdout == output.code, f"{output.where} differs from what the command printed"
+
+
+def test_the_overview_names_every_public_name():
+    """``docs/index.md``'s table (the site's home page) keeps up with the public surface."""
+    import torchshard
+    import torchshard.data
+    import torchshard.testing
+
+    text = (ROOT / "docs" / "index.md").read_text()
+    missing = [
+        f"{module.__name__}.{name}"
+        for module in (torchshard, torchshard.data, torchshard.testing)
+        for name in module.__all__
+        if f"`{name}" not in text and f".{name}" not in text
+    ]
+    assert not missing, f"docs/index.md does not mention {missing}"
