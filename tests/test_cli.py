@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
 import torchshard as ts
+from torchshard._tools import cli
 from torchshard._tools.bench import BENCHES
 from torchshard._tools.cli import parse_spec
 
@@ -218,3 +221,237 @@ def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
         "install matplotlib`).\n"
     )
     assert "g2h" not in result.stdout
+
+
+# -- input errors: exit status 2, one line on stderr, no traceback ---------------------------
+
+
+def _one_line_error(result, command, message):
+    """The command failed on its input: status 2, stderr exactly one line naming the command,
+    holding ``message``, and no traceback; nothing on stdout."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"python -m torchshard {command}: error: "), lines[0]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "message"),
+    [
+        (
+            ["demo", "--batch", "0"],
+            "demo",
+            "argument --batch: expected a positive int, but got '0'",
+        ),
+        (
+            ["demo", "--batch", "-8"],
+            "demo",
+            "argument --batch: expected a positive int, but got '-8'",
+        ),
+        (
+            ["bench", "--threads", "0"],
+            "bench",
+            "argument --threads: expected a positive int, but got '0'",
+        ),
+        (
+            ["layout", "--mesh", "4,2", "--axes", "data,model", "--shape", "-16,8"],
+            "layout",
+            "argument --shape: every entry must be non-negative, but '-16,8' has -16",
+        ),
+    ],
+    ids=["demo-batch-0", "demo-batch-negative", "bench-threads-0", "layout-negative-shape"],
+)
+def test_bad_arguments_are_one_line_in_a_subprocess(args, command, message):
+    _one_line_error(_run(*args), command, message)
+
+
+def test_version_from_the_package_metadata():
+    from importlib import metadata
+
+    from torchshard._core.version import UNKNOWN, package_version
+
+    assert ts.__version__ == metadata.version("torchshard")
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", ts.__version__)
+    assert package_version("torchshard-no-such-distribution") == UNKNOWN
+    result = _run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"torchshard {ts.__version__}\n"
+
+
+# The rest runs the command line in this process (``main(argv)``): the same code path, without
+# the cost of a fresh interpreter. argparse's errors end in SystemExit(2).
+
+
+def _main(capsys, *argv):
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), status, out, err)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--steps", "1"], "argument --steps: expected an int >= 2, but got '1'"),
+        (["demo", "--workers", "-1"], "argument --workers: expected a non-negative int"),
+        (
+            ["demo", "--batch", "eight"],
+            "argument --batch: expected a positive int, but got 'eight'",
+        ),
+        (["bench", "--threads", "-2"], "argument --threads: expected a positive int"),
+        (["bench", "nosuch"], "argument name: invalid choice: 'nosuch'"),
+        (
+            ["layout", "--mesh", "0,2", "--axes", "a,b", "--shape", "4"],
+            "every entry must be positive",
+        ),
+        (["layout", "--mesh", "4,2", "--axes", "a,b", "--shape", "8", "--hosts", "0"], "--hosts"),
+        (["layout", "--mesh", "4", "--axes", "a", "--shape", "8", "--devices", "0"], "--devices"),
+    ],
+)
+def test_argument_errors_are_one_line(capsys, args, message):
+    _one_line_error(_main(capsys, *args), args[0], message)
+
+
+def test_global_options_before_or_after_the_subcommand():
+    parser = cli.build_parser()
+    for command in (["demo"], ["bench"], ["layout", "--mesh", "4", "--axes", "a", "--shape", "8"]):
+        assert parser.parse_args(command).devices == 8
+        assert parser.parse_args(["--devices", "4", *command]).devices == 4
+        assert parser.parse_args([*command, "--devices", "4"]).devices == 4
+        # After the name wins, as the later of two values of one option does.
+        assert parser.parse_args(["--devices", "2", *command, "--devices", "4"]).devices == 4
+
+
+def test_a_huge_layout_is_refused_at_once(capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("describe_layout ran")
+
+    monkeypatch.setattr(ts, "describe_layout", never)
+    result = _main(capsys, *"layout --mesh 2048,2048 --axes data,model --shape 16,8".split())
+    _one_line_error(
+        result,
+        "layout",
+        "a 2048 x 2048 mesh has 4,194,304 devices; layout describes at most 65,536",
+    )
+
+
+def test_layout_png_errors_and_overwrite(capsys, tmp_path):
+    args = ["layout", "--mesh", "2", "--axes", "data", "--spec", "data", "--shape", "4", "--plain"]
+    missing = tmp_path / "no" / "such" / "layout.png"
+    result = _main(capsys, *args, "--png", str(missing))
+    _one_line_error(
+        result, "layout", f"cannot write {missing}: the folder {missing.parent} does not exist"
+    )
+    result = _main(capsys, *args, "--png", str(tmp_path))
+    _one_line_error(result, "layout", f"{tmp_path} is a folder; give a file name")
+    # An existing file (the README's picture, say) is never replaced without --overwrite.
+    existing = tmp_path / "layout.png"
+    existing.write_bytes(b"keep me")
+    result = _main(capsys, *args, "--png", str(existing))
+    _one_line_error(result, "layout", f"{existing} exists; pass --overwrite to replace it")
+    assert existing.read_bytes() == b"keep me"
+    result = _main(capsys, *args, "--png", str(existing), "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(f"wrote {existing}\n")
+    assert existing.read_bytes()[:4] == b"\x89PNG"
+    # Any writable path, inside the repository or not, relative or absolute.
+    fresh = tmp_path / "sub"
+    fresh.mkdir()
+    result = _main(capsys, *args, "--png", str(fresh / "a.png"))
+    assert result.returncode == 0, result.stderr
+    assert (fresh / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_documented_layout_commands_do_not_write_the_tracked_picture():
+    root = pathlib.Path(__file__).parents[1]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    lines = [line for page in pages for line in page.read_text().splitlines()]
+    commands = [line for line in lines if "torchshard layout" in line and "--png" in line]
+    assert commands
+    assert not [c for c in commands if "docs/layout.png" in c and "--overwrite" not in c]
+
+
+# -- bench: the default, --strict, --quick, output paths (a fake bench, in this process) -----
+
+FAKE = "fake"
+
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    """A bench named ``fake`` that records one ratio per target given in ``calls``' list."""
+    from torchshard._tools import bench
+    from torchshard._tools.bench import _report
+
+    module = types.ModuleType("torchshard_test_fake_bench")
+    module.runs = []
+    module.ratios = [(1.2, 1.0), (0.8, 1.0), (0.5, None)]  # (value, target): ok, MISSED, none
+
+    def run(report):
+        module.runs.append(report)
+        report.figure(FAKE, "case", "a", 1.0, "GB/s")
+        for i, (value, target) in enumerate(module.ratios):
+            report.ratio(FAKE, f"case {i}", "a", "b", value, target)
+
+    module.run = run
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(bench.BENCHES, FAKE, module.__name__)
+    yield module
+    _report.configure(quick=False)
+
+
+def test_bench_strict_exits_1_on_a_missed_target(capsys, fake_bench):
+    result = _main(capsys, "bench", FAKE, "--plain", "--strict")
+    assert result.returncode == 1
+    assert "1.200x  >= 1 ok" in result.stdout
+    assert "0.800x  >= 1 MISSED" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        "bench: target missed: fake case 1: a / b = 0.800x, target >= 1"
+    )
+    # Without --strict a missed target is shown, and the status is 0.
+    assert _main(capsys, "bench", FAKE, "--plain").returncode == 0
+    # With every target met, --strict exits 0.
+    fake_bench.ratios = [(1.2, 1.0), (0.5, None)]
+    assert _main(capsys, "bench", FAKE, "--plain", "--strict").returncode == 0
+
+
+def test_bench_quick_judges_no_target(capsys, fake_bench, tmp_path):
+    out = tmp_path / "b.json"
+    result = _main(capsys, "bench", FAKE, "--plain", "--quick", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "MISSED" not in result.stdout and " ok" not in result.stdout
+    assert "0.800x" in result.stdout
+    assert "no target is judged" in result.stdout
+    ratios = json.loads(out.read_text())["ratios"]
+    assert [(r["target"], r["ok"]) for r in ratios] == [(1.0, None), (1.0, None), (None, None)]
+    result = _main(capsys, "bench", FAKE, "--quick", "--strict")
+    _one_line_error(result, "bench", "--strict judges the targets, and --quick measures nothing")
+    assert len(fake_bench.runs) == 1
+
+
+def test_bench_without_a_name_runs_the_short_default(capsys, fake_bench, monkeypatch):
+    monkeypatch.setattr(cli, "DEFAULT_BENCH", FAKE)
+    result = _main(capsys, "bench", "--plain")
+    assert result.returncode == 0, result.stderr
+    assert len(fake_bench.runs) == 1
+    notice = result.stderr.splitlines()[0]
+    assert notice.startswith(f"bench: no name given, so running the short default, {FAKE} ")
+    n = len(BENCHES)  # the fake included
+    assert f"`bench all` runs all {n} one after another" in notice
+    assert "h2g" in notice and "many minutes" in notice
+
+
+def test_bench_output_paths_are_checked_before_benchmarking(capsys, fake_bench, tmp_path):
+    for option in ("--json", "--plot"):
+        missing = tmp_path / "missing" / "out"
+        result = _main(capsys, "bench", FAKE, "--plain", option, str(missing))
+        _one_line_error(result, "bench", f"the folder {missing.parent} does not exist")
+    assert fake_bench.runs == []
+    out = tmp_path / "b.json"
+    assert _main(capsys, "bench", FAKE, "--plain", "--json", str(out)).returncode == 0
+    data = json.loads(out.read_text())
+    assert set(data["seconds"]) == {FAKE} and data["seconds"][FAKE] >= 0

@@ -36,6 +36,7 @@ from torchshard._core.spec import PartitionSpec as PartitionSpec
 from torchshard._core.tensor_spec import TensorSpec as TensorSpec
 from torchshard._core.topology import process_count as process_count
 from torchshard._core.topology import process_index as process_index
+from torchshard._core.version import __version__ as __version__
 from torchshard._dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY as PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
 )

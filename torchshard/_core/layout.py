@@ -93,9 +93,12 @@ class ShardingLayout:
     def host_blocks(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """Per host: its devices and the shape of its local block (the distinct slices of its
         devices, concatenated per dimension, as ``NamedSharding.process_local_shape``)."""
+        by_host: dict[int, list[LayoutBlock]] = {}
+        for b in self.blocks:  # one pass: linear in the devices, whatever the host count
+            by_host.setdefault(b.host, []).append(b)
         out = {}
-        for h in sorted({b.host for b in self.blocks}):
-            mine = [b for b in self.blocks if b.host == h]
+        for h in sorted(by_host):
+            mine = by_host[h]
             shape, _ = block_offsets([b.ranges for b in mine], len(self.global_shape))
             out[h] = (tuple(b.device for b in mine), shape)
         return out

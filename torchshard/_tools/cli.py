@@ -3,6 +3,13 @@
 Commands that run on devices (``bench``, ``demo``) get the CPU emulation (``--devices``, 8 by
 default, SPMD on) before anything imports torch_xla, unless a TPU is present. ``layout`` is
 pure index maths and never starts torch_xla.
+
+Errors in what the user typed end the command with exit status 2 and one line on stderr
+(``python -m torchshard layout: error: ...``), never a traceback: argparse's own errors (one
+line, without the usage block), the option checks below (positive counts, writable output
+paths, the size of a layout) and the ``ValueError``/``TypeError``/``OSError`` of the layout
+command, whose whole input is the user's. ``bench --strict`` exits with 1 when a target is
+missed. The global options (``--devices``) are accepted before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -10,56 +17,58 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import math
+import os
 import re
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
+
+# ``bench`` with no name runs this one (host -> global, the library's main call, against
+# torch_xla's two ways of doing it): short, and the comparison most readers want first.
+DEFAULT_BENCH = "h2g"
+# ``layout`` describes at most this many devices: 65,536 take about 10 s and print as many
+# table rows; a 2048 x 2048 mesh (4 M devices) would take minutes and gigabytes.
+MAX_LAYOUT_DEVICES = 65_536
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from torchshard._tools.bench import BENCHES
-    from torchshard._tools.bench._display import Progress, print_tables
-    from torchshard._tools.bench._machine import machine_info
-    from torchshard._tools.bench._report import Report, configure
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block), exit status 2."""
 
-    names = list(BENCHES) if args.name == "all" else [args.name]
-    if args.plot:
-        from torchshard._tools.bench._plot import check_plot_available
-
-        check_plot_available()  # fail before a long run, not after it
-        if "sweep" not in names:
-            names.append("sweep")
-    configure(quick=args.quick)
-    import torch
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    settings = {
-        "devices": args.devices,
-        "quick": args.quick,
-        "benches": names,
-        "torch_threads": torch.get_num_threads(),
-    }
-    report = Report(meta={"machine": machine_info(), "settings": settings})
-    with Progress(len(names), plain=args.plain) as progress:
-        report.progress = progress.message
-        for name in names:
-            progress.start(name)
-            importlib.import_module(BENCHES[name]).run(report)
-            progress.advance()
-    print_tables(report, plain=args.plain)
-    if args.json:
-        report.write_json(args.json)
-        print(f"wrote {args.json}")
-    if args.plot:
-        from torchshard._tools.bench._plot import plot_sweep
-
-        plot_sweep(report, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _ints(option: str) -> Any:
+class UsageError(Exception):
+    """A check of the command's input failed after parsing: one line, exit status 2."""
+
+
+# -- argument types -------------------------------------------------------------------------
+
+
+def _count(option: str, minimum: int = 1) -> Any:
+    """An int option that must be at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            what = {0: "a non-negative int", 1: "a positive int"}.get(
+                minimum, f"an int >= {minimum}"
+            )
+            raise argparse.ArgumentTypeError(f"expected {what}, but got {text!r}")
+        return value
+
+    parse.__name__ = option  # argparse names the option's type in its messages
+    return parse
+
+
+def _ints(option: str, minimum: int = 1) -> Any:
+    """Comma-separated ints, each at least ``minimum`` (a mesh's or an array's shape)."""
+
     def parse(text: str) -> tuple[int, ...]:
         try:
             values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -69,9 +78,15 @@ def _ints(option: str) -> Any:
             raise argparse.ArgumentTypeError(
                 f"expected comma-separated ints such as 4,2, but got {text!r}"
             )
+        bad = [v for v in values if v < minimum]
+        if bad:
+            what = {0: "non-negative", 1: "positive"}.get(minimum, f">= {minimum}")
+            raise argparse.ArgumentTypeError(
+                f"every entry must be {what}, but {text!r} has {bad[0]}"
+            )
         return values
 
-    parse.__name__ = option  # argparse names the option's type in its messages
+    parse.__name__ = option
     return parse
 
 
@@ -124,12 +139,163 @@ def _spec_error(text: str, why: str) -> argparse.ArgumentTypeError:
     )
 
 
+_NEGATIVE = re.compile(r"-\d[\d,.]*")
+
+
+def _join_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--shape -16,8`` -> ``--shape=-16,8``: argparse takes ``-16,8`` for an option name
+    and reports a missing value; joined, the value reaches the option's check, which names it.
+    """
+    takes_value = set()
+    parsers = [parser]
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.option_strings and action.nargs != 0:
+                takes_value.update(action.option_strings)
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in takes_value and _NEGATIVE.fullmatch(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def check_output_path(path: str, *, overwrite: bool = True) -> None:
+    """Raises ``UsageError`` unless a file can be written at ``path`` (before a long run, not
+    after it): its folder exists, it is not a folder, it may be created or replaced; with
+    ``overwrite=False`` an existing file is refused too. Leaves no file behind."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a folder; give a file name, e.g. {os.path.join(path, 'x')}")
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {path}: the folder {folder} does not exist")
+    existed = os.path.exists(path)
+    if existed and not overwrite:
+        raise UsageError(f"{path} exists; pass --overwrite to replace it, or give another path")
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from torchshard._tools.bench import BENCHES
+
+    if args.strict and args.quick:
+        raise UsageError(
+            "--strict judges the targets, and --quick measures nothing worth judging (tiny "
+            "sizes, 3 rounds); drop one of them"
+        )
+    for path in (args.json, args.plot):
+        if path:
+            check_output_path(path)
+    if args.name is None:
+        print(_default_bench_notice(BENCHES), file=sys.stderr)
+    name = DEFAULT_BENCH if args.name is None else args.name
+    names = list(BENCHES) if name == "all" else [name]
+    if args.plot:
+        from torchshard._tools.bench._plot import check_plot_available
+
+        check_plot_available()  # fail before a long run, not after it
+        if "sweep" not in names:
+            names.append("sweep")
+
+    from torchshard._tools.bench._display import Progress, print_tables
+    from torchshard._tools.bench._machine import machine_info
+    from torchshard._tools.bench._report import Report, configure
+
+    configure(quick=args.quick)
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    settings = {
+        "devices": args.devices,
+        "quick": args.quick,
+        "benches": names,
+        "torch_threads": torch.get_num_threads(),
+    }
+    report = Report(meta={"machine": machine_info(), "settings": settings, "seconds": {}})
+    if args.quick:
+        report.notes.append(
+            "--quick: tiny sizes and 3 rounds check that the commands run; no target is judged"
+        )
+    with Progress(len(names), plain=args.plain) as progress:
+        report.progress = progress.message
+        for bench_name in names:
+            progress.start(bench_name)
+            t0 = time.perf_counter()
+            importlib.import_module(BENCHES[bench_name]).run(report)
+            report.meta["seconds"][bench_name] = round(time.perf_counter() - t0, 1)
+            progress.advance()
+    print_tables(report, plain=args.plain)
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        from torchshard._tools.bench._plot import plot_sweep
+
+        plot_sweep(report, args.plot)
+        print(f"wrote {args.plot}")
+    return verdict(report, strict=args.strict)
+
+
+def _default_bench_notice(benches: dict[str, str]) -> str:
+    others = ", ".join(n for n in benches if n != DEFAULT_BENCH)
+    return (
+        f"bench: no name given, so running the short default, {DEFAULT_BENCH} (host -> "
+        f"global against torch_xla's two ways). Others: {others}. `bench all` runs all "
+        f"{len(benches)} one after another (a 2,000-batch soak and gloo process groups of 2 "
+        "and 4 among them): many minutes on a small machine, each bench's seconds recorded in "
+        "the --json file; `--quick` checks that they run, in seconds each."
+    )
+
+
+def verdict(report: Any, *, strict: bool) -> int:
+    """The bench command's exit status: 1 under ``strict`` when a target is missed (each
+    missed one named on stderr), else 0. Quick runs judge nothing (``Report.verdicts``)."""
+    if not report.verdicts:
+        return 0
+    missed = [r for r in report.ratios if r.ok is False]
+    if not strict or not missed:
+        return 0
+    for r in missed:
+        print(
+            f"bench: target missed: {r.bench} {r.case}: {r.numerator} / {r.denominator} = "
+            f"{r.value:.3f}x, target >= {r.target:g}",
+            file=sys.stderr,
+        )
+    return 1
+
+
 def _layout(args: argparse.Namespace) -> int:
+    devices = math.prod(args.mesh)
+    if devices > MAX_LAYOUT_DEVICES:
+        shape = " x ".join(str(n) for n in args.mesh)
+        raise UsageError(
+            f"a {shape} mesh has {devices:,} devices; layout describes at most "
+            f"{MAX_LAYOUT_DEVICES:,} (about 10 s), so describe a smaller mesh with the same axes"
+        )
+    if args.png:
+        from torchshard._optional import require_matplotlib
+
+        require_matplotlib("layout --png")
+        check_output_path(args.png, overwrite=args.overwrite)
     import numpy as np
 
     import torchshard as ts
 
-    mesh = ts.Mesh(np.arange(int(np.prod(args.mesh))).reshape(args.mesh), args.axes)
+    mesh = ts.Mesh(np.arange(devices).reshape(args.mesh), args.axes)
     layout = ts.describe_layout(mesh, args.spec, args.shape, num_hosts=args.hosts)
     ts.visualize_sharding(layout, use_rich=False if args.plain else None)
     if args.png:
@@ -144,29 +310,63 @@ def _demo(args: argparse.Namespace) -> int:
     return main(args)
 
 
+# -- the parser -----------------------------------------------------------------------------
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The options every command takes, before or after its name: on the main parser with
+    their defaults, on each subcommand with ``SUPPRESS`` (``suppress=True``), so that when
+    absent there they do not overwrite what was given before the name."""
+    parser.add_argument(
+        "--devices",
+        type=_count("devices"),
+        default=argparse.SUPPRESS if suppress else 8,
+        help="CPU-emulated device count when no TPU is present (default 8)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from torchshard._core.version import __version__
     from torchshard._tools.bench import BENCHES
 
-    parser = argparse.ArgumentParser(prog="python -m torchshard")
-    parser.add_argument("--devices", type=int, default=8, help="CPU-emulated device count (no TPU)")
+    parser = _Parser(prog="python -m torchshard")
+    parser.add_argument("--version", action="version", version=f"torchshard {__version__}")
+    _global_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "demo", help="train a small MLP data-parallel, fed by a DataLoader through torchshard"
+        "demo",
+        parents=[common],
+        help="train a small MLP data-parallel, fed by a DataLoader through torchshard",
     )
-    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.add_argument(
+        "--steps", type=_count("steps", 2), default=300, help="training steps (default 300)"
+    )
     demo.add_argument(
         "--hosts", type=int, default=1, choices=[1, 2, 4, 8], help="virtual hosts (default 1)"
     )
-    demo.add_argument("--batch", type=int, default=256, help="global batch size (default 256)")
     demo.add_argument(
-        "--workers", type=int, default=2, help="DataLoader worker processes in all (default 2)"
+        "--batch", type=_count("batch"), default=256, help="global batch size (default 256)"
+    )
+    demo.add_argument(
+        "--workers",
+        type=_count("workers", 0),
+        default=2,
+        help="DataLoader worker processes in all (default 2)",
     )
     demo.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
-    bench = sub.add_parser("bench", help="run benchmarks, print figures and ratios")
-    bench.add_argument("name", nargs="?", default="all", choices=[*BENCHES, "all"])
+    bench = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="run benchmarks, print figures and ratios",
+        description=f"Without a name, runs the short default ({DEFAULT_BENCH}); `all` runs "
+        "every bench one after another (many minutes).",
+    )
+    bench.add_argument("name", nargs="?", default=None, choices=[*BENCHES, "all"])
     bench.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     bench.add_argument(
         "--plot",
@@ -174,18 +374,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw a PNG of throughput against batch size (runs the sweep bench)",
     )
     bench.add_argument(
-        "--quick", action="store_true", help="tiny sizes and 3 rounds: checks the command runs"
+        "--quick",
+        action="store_true",
+        help="tiny sizes and 3 rounds: checks the command runs (judges no target)",
+    )
+    bench.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a target is missed"
     )
     bench.add_argument("--plain", action="store_true", help="plain text output, no rich")
     bench.add_argument(
         "--threads",
-        type=int,
+        type=_count("threads"),
         metavar="N",
         help="torch intra-op threads (default: torch's); 1 avoids OpenMP stalls on a shared host",
     )
     bench.set_defaults(func=_bench)
     layout = sub.add_parser(
         "layout",
+        parents=[common],
         help="print which host and device own which block (pure maths; no devices needed)",
         description="Example: python -m torchshard layout --mesh 4,2 --axes data,model "
         "--spec \"('data','model'),None\" --shape 16,8 --hosts 2",
@@ -199,14 +405,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the partition spec as written inside P(...), e.g. \"('data','model'),None\" "
         "(default: replicated)",
     )
-    layout.add_argument("--shape", type=_ints("shape"), required=True, help="global shape")
+    layout.add_argument(
+        "--shape", type=_ints("shape", 0), required=True, help="global shape, e.g. 16,8"
+    )
     layout.add_argument(
         "--hosts",
-        type=int,
+        type=_count("hosts"),
         default=1,
         help="hosts, each owning an equal, contiguous group of device ids (default 1)",
     )
-    layout.add_argument("--png", metavar="PATH", help="also draw the layout into a PNG")
+    layout.add_argument("--png", metavar="PATH", help="also draw the layout into a new PNG file")
+    layout.add_argument(
+        "--overwrite", action="store_true", help="let --png replace an existing file"
+    )
     layout.add_argument("--plain", action="store_true", help="plain text, no rich")
     layout.set_defaults(func=_layout, needs_runtime=False, input_errors=True)
     return parser
@@ -215,7 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_join_negative_values(parser, argv))
+    prefix = f"{parser.prog} {args.command}: error:"
     if getattr(args, "needs_runtime", True):
         from torchshard._backend.xla_env import setup_cpu_emulation
 
@@ -224,12 +437,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except MissingDependencyError as e:
-        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+    except (UsageError, MissingDependencyError) as e:
+        print(f"{prefix} {e}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OSError) as e:
         if not getattr(args, "input_errors", False):
             raise
         # The layout command's input is the user's: its errors are messages, not tracebacks.
-        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+        print(f"{prefix} {e}", file=sys.stderr)
         return 2

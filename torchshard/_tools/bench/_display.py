@@ -114,7 +114,7 @@ def print_tables(report: Report, *, file: IO[str] | None = None, plain: bool = F
         for name in report.ratio_rows()[0]:
             table.add_column(name)
         for r, row in zip(report.ratios, report.ratio_rows()[1:], strict=True):
-            style = "" if r.ok is None else ("green" if r.ok else "bold red")
+            style = "" if r.ok is None or not report.verdicts else ("green" if r.ok else "bold red")
             table.add_row(*row, style=style)
         console.print(table)
     for note in report.notes:

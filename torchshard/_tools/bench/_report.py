@@ -133,6 +133,12 @@ class Report:
         """True under ``--quick``: benches should use tiny sizes (CLI tests)."""
         return _SETTINGS.quick
 
+    @property
+    def verdicts(self) -> bool:
+        """Whether targets are judged: not under ``--quick``, whose tiny sizes and 3 rounds
+        measure noise (the target stays in the JSON, its ``ok`` is null)."""
+        return not _SETTINGS.quick
+
     def figure(
         self,
         bench: str,
@@ -182,7 +188,9 @@ class Report:
         return {
             **self.meta,
             "figures": [dataclasses.asdict(f) for f in self.figures],
-            "ratios": [dataclasses.asdict(r) | {"ok": r.ok} for r in self.ratios],
+            "ratios": [
+                dataclasses.asdict(r) | {"ok": r.ok if self.verdicts else None} for r in self.ratios
+            ],
             "notes": list(self.notes),
         }
 
@@ -204,7 +212,9 @@ class Report:
         """Header and rows of the ratio table."""
         rows = [("bench", "case", "ratio", "value", "target")]
         for r in self.ratios:
-            target = "" if r.target is None else f">= {r.target:g} " + ("ok" if r.ok else "MISSED")
+            target = ""
+            if r.target is not None and self.verdicts:
+                target = f">= {r.target:g} " + ("ok" if r.ok else "MISSED")
             rows.append(
                 (r.bench, r.case, f"{r.numerator} / {r.denominator}", f"{r.value:.3f}x", target)
             )
