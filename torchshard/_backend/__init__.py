@@ -138,8 +138,8 @@ class Backend(Protocol):
         ...
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
-        """For each (sharded, see ``is_sharded``) tensor, the blocks held by this process's
-        devices."""
+        """For each global tensor, the blocks held by this process's devices (one that carries
+        no sharding, see ``is_sharded``, is whole on every local device)."""
         ...
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -278,6 +278,23 @@ def _annotate_custom_sharding(x: torch.Tensor, op_sharding: Any) -> None:
     _xla()._XLAC._xla_annotate_custom_sharding(x, op_sharding)
 
 
+def _unwrap(x: torch.Tensor) -> torch.Tensor:
+    """The XLA tensor of ``x``: the ``global_tensor`` of the ``XLAShardedTensor`` that
+    ``xs.mark_sharding`` returns (torch_xla 2.9: its own ops go through ``__torch_dispatch__``,
+    and the ``_XLAC`` read-back calls refuse it: "Expected XLA tensor"), else ``x``."""
+    if type(x) is torch.Tensor:
+        return x
+    return x.global_tensor if isinstance(x, _xs().XLAShardedTensor) else x
+
+
+def _whole_on_every_device(x: torch.Tensor) -> list[LocalShard]:
+    """The local shards of an XLA tensor without a sharding spec: every local device holds
+    the whole value (SPMD replicates what was never annotated)."""
+    data = x.cpu()
+    whole = tuple((0, n) for n in x.shape)
+    return [LocalShard(d, whole, data) for d in _local_devices()]
+
+
 def _parse_ranges(indices: Any, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
     if indices is Ellipsis:
         return tuple((0, n) for n in shape)
@@ -328,6 +345,7 @@ class XlaBackend:
 
     def is_sharded(self, x: torch.Tensor) -> bool:
         # A lazy result gets its sharding when it runs; device data keeps the one it has.
+        x = _unwrap(x)
         _materialize([x])
         return _sharding_spec_text(x) != ""
 
@@ -374,14 +392,26 @@ class XlaBackend:
         # torch_xla 2.9: `_get_local_shards` copies each local device's (padded) block to the
         # CPU without compiling anything; `_get_local_shard_replica_and_indices` gives the
         # global slices of each (Ellipsis for a replicated tensor). Both take a list.
+        #
+        # A tensor moved with `.to(xla device)` and never annotated carries no sharding spec:
+        # `_get_local_shards` refuses it ("Tensor is not sharded"), but SPMD holds its whole
+        # value on every device, so each local device reports the whole value (one `.cpu()`).
         if not tensors:
             return []
         xlac = _xla()._XLAC
+        tensors = [_unwrap(t) for t in tensors]
         _materialize(tensors)
-        datas = xlac._get_local_shards(list(tensors))
-        indices = xlac._get_local_shard_replica_and_indices(list(tensors))
+        unsharded = {i: t for i, t in enumerate(tensors) if _sharding_spec_text(t) == ""}
+        sharded = [t for i, t in enumerate(tensors) if i not in unsharded]
+        datas = xlac._get_local_shards(sharded) if sharded else []
+        indices = xlac._get_local_shard_replica_and_indices(sharded) if sharded else []
+        read = iter(zip(sharded, datas, indices, strict=True))
         out = []
-        for t, shard_devs, rep_idx in zip(tensors, datas, indices, strict=True):
+        for i in range(len(tensors)):
+            if i in unsharded:
+                out.append(_whole_on_every_device(unsharded[i]))
+                continue
+            t, shard_devs, rep_idx = next(read)
             shape = tuple(t.shape)
             shards = []
             for (data, dev), (_, idx) in zip(shard_devs, rep_idx, strict=True):
@@ -394,7 +424,7 @@ class XlaBackend:
         return out
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        return x.cpu()
+        return _unwrap(x).cpu()
 
     def annotate(
         self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
