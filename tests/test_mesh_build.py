@@ -149,9 +149,7 @@ def test_hybrid_errors():
 def _interleaved_hosts(hosts):
     """A topology whose hosts own interleaved device ids (device d on host d % hosts), as
     global ordinals may be on a real multi-host run; contiguous ids hide host splitting."""
-    return override_topology(
-        Topology(0, hosts, tuple(d % hosts for d in range(8)), virtual=True)
-    )
+    return override_topology(Topology(0, hosts, tuple(d % hosts for d in range(8)), virtual=True))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
-from helpers import xla_shards
+from helpers import host_segments, take_segments, torch_xla_placement, xla_shards
 
 import torchshard as ts
 from torchshard.testing import (
@@ -214,3 +214,212 @@ def test_complex_per_host_and_background_route(dtype, monkeypatch):
         call = read([x[:4], x[4:]], current_topology(mesh), P(("data", "model")), per_host=True)
         g = to_global(mesh, get_backend(mesh), current_topology(mesh), call, background=True)
         _check_shards(g, x, mesh, P(("data", "model")))
+
+
+# -- global_shape= (JAX's make_array_from_process_local_data with global_shape) -------------
+
+GLOBAL_SPECS = [P("data", "model"), P("model", "data"), P(("data", "model")), P(None, "model")]
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+@pytest.mark.parametrize("spec", GLOBAL_SPECS, ids=str)
+@pytest.mark.parametrize("whole", [(False, False), (True, False), (False, True), (True, True)])
+def test_global_shape_blocks_may_cover_whole_dimensions(hosts, spec, whole):
+    """Along each dimension a host passes either the whole dimension or its own part; the
+    expected placement is torch_xla's own (mark_sharding), the host parts come from it."""
+    x = np.arange(8 * 8, dtype=np.int32).reshape(8, 8)
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("data", "model"))
+    placement = torch_xla_placement(x, mesh, spec)
+    device_host = [d // (8 // hosts) for d in range(8)]
+    parts = host_segments({d: r for d, (r, _) in placement.items()}, device_host, 2)
+    blocks = [
+        take_segments(x, [[(0, 8)] if whole[i] else parts[h][i] for i in range(2)])
+        for h in range(hosts)
+    ]
+    with virtual_hosts(hosts), mesh:
+        g = host_to_global_array_per_host(blocks, partition=spec, global_shape=(8, 8))
+        back = global_to_host_array_per_host(g)
+    assert tuple(g.shape) == (8, 8)
+    for d, (ranges, data) in xla_shards(g).items():
+        assert ranges == placement[d][0], d
+        np.testing.assert_array_equal(data.numpy(), placement[d][1].numpy())
+    for h in range(hosts):  # reading back gives each host its own part
+        np.testing.assert_array_equal(back[h].numpy(), take_segments(x, parts[h]))
+
+
+def test_global_shape_on_one_host_and_as_a_tree(mesh42):
+    x = np.arange(16).reshape(8, 2)
+    y = np.arange(8)
+    out = ts.host_to_global_array(
+        {"x": x, "y": y}, partition=P("data"), global_shape={"x": (8, 2), "y": None}
+    )
+    _check_shards(out["x"], x, mesh42, P("data"))
+    _check_shards(out["y"], y, mesh42, P("data"))
+    same = ts.host_to_global_array(x, partition=P("data", "model"), global_shape=[8, 2])
+    _check_shards(same, x, mesh42, P("data", "model"))
+
+
+def test_global_shape_a_host_slices_non_uniform_dims():
+    """JAX's case of a non-uniform dimension: hosts whose devices hold overlapping but
+    different sets of shards along it cannot infer a global shape; given one, each host
+    passes the whole of that dimension."""
+    mesh = ts.Mesh(np.array([[0, 1, 2, 3], [4, 6, 5, 7]]), ("a", "b"))
+    x = np.arange(4 * 8).reshape(4, 8)
+    spec = P("a", "b")  # along dim 1 the hosts hold the 'b' shards {0,1}, {2,3}, {0,2}, {1,3}
+    blocks = [x[2 * (h // 2) : 2 * (h // 2) + 2] for h in range(4)]  # own rows, every column
+    with virtual_hosts(4), mesh:
+        with pytest.raises(ts.NonUniformShardingError, match="dim 1 is not process-uniform"):
+            host_to_global_array_per_host([b[:, :4] for b in blocks], partition=spec)
+        g = host_to_global_array_per_host(blocks, partition=spec, global_shape=(4, 8))
+    placement = torch_xla_placement(x, mesh, spec)
+    for d, (ranges, data) in xla_shards(g).items():
+        assert ranges == placement[d][0]
+        np.testing.assert_array_equal(data.numpy(), placement[d][1].numpy())
+
+
+@pytest.mark.parametrize(
+    ("block", "global_shape", "error", "message"),
+    [
+        (
+            np.zeros((3, 8)),
+            (8, 8),
+            ts.ShardingError,
+            (
+                "per_host_arrays[0]['x']: dim 0 of the host block has size 3, but with "
+                "global_shape (8, 8) a host passes along it either the whole dimension, 8 (each "
+                "host then takes the slices its devices need), or its own part, 4 (1 distinct "
+                "shard(s) of 4 on its "
+                "devices), under P('data', 'model') on mesh {'data': 2, 'model': 4}. Pass a block "
+                "of one of those sizes, or fix global_shape."
+            ),
+        ),
+        (
+            np.zeros((4, 8)),
+            (8, 8, 1),
+            ts.ShardingError,
+            (
+                "per_host_arrays[0]['x']: global_shape (8, 8, 1) has 3 dimensions, but the host "
+                "block has shape (4, 8) (2 dimensions); give one size per dimension."
+            ),
+        ),
+        (
+            np.zeros((4, 6)),
+            (8, 6),
+            ts.IndivisibleError,
+            "per_host_arrays[0]['x']: dim 1 has size 6, not divisible by 4",
+        ),
+        (
+            np.zeros((4, 8)),
+            (8, -8),
+            ValueError,
+            (
+                "per_host_arrays[0]['x']: global_shape (8, -8) has a negative size; give the "
+                "global array's shape (sizes >= 0), or None to infer it."
+            ),
+        ),
+        (
+            np.zeros((4, 8)),
+            "88",
+            TypeError,
+            (
+                "global_shape: expected a shape (a tuple of ints), or a tree of them (and None) "
+                "matching per_host_arrays, but got str '88'."
+            ),
+        ),
+        (
+            np.zeros((4, 8)),
+            {"y": (8, 8)},
+            ts.TreeStructureError,
+            "global_shape",
+        ),
+    ],
+)
+def test_global_shape_errors(block, global_shape, error, message):
+    with virtual_hosts(2), ts.Mesh(np.arange(8).reshape(2, 4), ("data", "model")):
+        with pytest.raises(error, match="^" + re.escape(message)):
+            host_to_global_array_per_host(
+                [{"x": block}, {"x": block}],
+                partition=P("data", "model"),
+                global_shape=global_shape,
+            )
+
+
+# -- an already-global leaf: returned as it is when its layout matches (JAX) ------------------
+
+
+def test_already_global_leaf_is_returned_as_it_is(mesh42):
+    x = np.arange(16).reshape(8, 2)
+    g = ts.host_to_global_array(x, partition=P("data", "model"))
+    out = ts.host_to_global_array({"g": g, "h": x}, partition=P("data", "model"))
+    assert out["g"] is g
+    _check_shards(out["h"], x, mesh42, P("data", "model"))
+    assert ts.host_to_global_array([g], partition=P("data", "model"), global_shape=(8, 2))[0] is g
+    # an unannotated tensor is whole on every device: the layout of P()
+    t = _unannotated(x)
+    assert ts.host_to_global_array(t, partition=P()) is t
+    # so is the XLAShardedTensor xs.mark_sharding returns, for its layout
+    st = xs.mark_sharding(_unannotated(x), mesh42.xla_mesh, ("data", None))
+    assert ts.host_to_global_array(st, partition=P("data")) is st
+    with virtual_hosts(2):  # every host passes the same global tensor
+        assert host_to_global_array_per_host([g, g], partition=P("data", "model")) is g
+
+
+def test_already_global_leaf_laid_out_otherwise_is_refused(mesh42):
+    x = np.arange(16).reshape(8, 2)
+    g = ts.host_to_global_array(x, partition=P("data"))
+    with pytest.raises(
+        ts.ShardingError,
+        match="^"
+        + re.escape(
+            "host_arrays['g']: already a global tensor, but not laid out as P('data', 'model') "
+            "on Mesh({'data': 4, 'model': 2}) asks; found per device (global [start, stop) per "
+            "dimension) 0: [(0, 2), (0, 2)], 1: [(0, 2), (0, 2)], 2: [(2, 4), (0, 2)]"
+        ),
+    ):
+        ts.host_to_global_array({"g": g}, partition=P("data", "model"))
+    with pytest.raises(ts.ShardingError, match=re.escape("or read it back first")):
+        ts.host_to_global_array(_unannotated(x))  # FULL splits dim 0; it is whole everywhere
+    with pytest.raises(
+        ts.ShardingError,
+        match=re.escape(
+            "host_arrays[0]: already a global tensor of shape (8, 2), but global_shape is "
+            "(16, 2). Drop global_shape for it, or give (8, 2)."
+        ),
+    ):
+        ts.host_to_global_array([g], partition=P("data"), global_shape=(16, 2))
+    with virtual_hosts(2):
+        with pytest.raises(
+            ts.ShardingError,
+            match=re.escape(
+                "per_host_arrays[1]: per_host_arrays[0] is already a global tensor, so every "
+                "host must pass that same tensor here; got something else."
+            ),
+        ):
+            host_to_global_array_per_host([g, x[4:]], partition=P("data"))
+
+
+# -- the DTensor backend shares the engine: the same behaviour on real gloo processes ----------
+
+
+def test_dtensor_parity(pools):
+    for rank, r in enumerate(pools(4).run("parity")):
+        assert torch.equal(r["wide_local"], r["expected_local"]), rank
+        assert torch.equal(r["whole_local"], r["expected_local"]), rank
+        assert r["same"] is True
+        assert r["other"].startswith(
+            "ShardingError: host_arrays: already a global tensor, but not laid out as "
+            "P('model',) on Mesh({'data': 2, 'model': 2}) asks; found per device (global "
+            f"[start, stop) per dimension) {rank}: "
+        )
+        assert r["bad"] == (
+            "ShardingError: host_arrays: dim 0 of the host block has size 1, but with "
+            "global_shape (4, 8) a host passes along it either the whole dimension, 4 (each "
+            "host then takes the slices its devices need), or its own part, 2 (1 distinct "
+            "shard(s) of 2 on its devices), under P('data', 'model') on mesh {'data': 2, "
+            "'model': 2}. Pass a block of one of those sizes, or fix global_shape."
+        )
+        row = r["row"]
+        assert torch.equal(r["outside_back"], r["expected_local"])  # one device per process
+        assert torch.equal(r["outside_full"], r["g"])
+        assert torch.equal(r["complex_back"], r["c"][2 * row : 2 * row + 2])
+        assert torch.equal(r["complex_full"], r["c"])

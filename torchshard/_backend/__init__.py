@@ -142,6 +142,12 @@ class Backend(Protocol):
         no sharding, see ``is_sharded``, is whole on every local device)."""
         ...
 
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        """Each local device's global ``[start, stop)`` per dimension of the global tensor
+        ``x``, without copying data (``None``: ``x`` holds no value layout, e.g. DTensor's
+        partial sums). ``host_to_global_array`` compares it with a spec's."""
+        ...
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The full value of a global tensor on the host (may run a collective)."""
         ...

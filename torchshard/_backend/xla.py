@@ -446,6 +446,20 @@ class XlaBackend:
             ]
         return out
 
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        # torch_xla 2.9: `_get_local_shard_replica_and_indices` gives each local device's
+        # global slices (in `local_devices` order) without copying data.
+        x = _unwrap(x)
+        _materialize([x])
+        shape = tuple(x.shape)
+        if _sharding_spec_text(x) == "":  # never annotated: whole on every device
+            return dict.fromkeys(_local_devices(), tuple((0, n) for n in shape))
+        indices = _xla()._XLAC._get_local_shard_replica_and_indices([x])[0]
+        return {
+            d: _parse_ranges(idx, shape)
+            for d, (_, idx) in zip(_local_devices(), indices, strict=True)
+        }
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         x = _unwrap(x)
         if x.dtype == torch.complex128:
