@@ -534,6 +534,10 @@ def parity() -> dict[str, Any]:
         bad = _catch(
             lambda: ts.host_to_global_array(rows[:1].clone(), partition=spec, global_shape=(4, 8))
         )
+        mixed = (4, 2 * world) if rank == 0 else None  # rank 0 gives it, the others infer
+        disagree = _catch(
+            lambda: ts.host_to_global_array(rows.clone(), partition=spec, global_shape=mixed)
+        )
         c = torch.complex(g, -g)
         cg = ts.host_to_global_array(c[2 * row : 2 * row + 2].clone(), partition=ts.P("data"))
     return {
@@ -543,6 +547,7 @@ def parity() -> dict[str, Any]:
         "same": same,
         "other": other,
         "bad": bad,
+        "disagree": disagree,
         "outside_back": ts.global_to_host_array(wide),  # no mesh entered here
         "outside_full": ts.replicate_to_local_data(whole),
         "g": g,

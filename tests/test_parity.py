@@ -418,6 +418,8 @@ def test_dtensor_parity(pools):
             "shard(s) of 2 on its devices), under P('data', 'model') on mesh {'data': 2, "
             "'model': 2}. Pass a block of one of those sizes, or fix global_shape."
         )
+        assert r["disagree"].startswith("ProcessDisagreementError: "), r["disagree"]
+        assert "global_shape (4, 8)" in r["disagree"]
         row = r["row"]
         assert torch.equal(r["outside_back"], r["expected_local"])  # one device per process
         assert torch.equal(r["outside_full"], r["g"])

@@ -115,8 +115,12 @@ class HostCall:
 
     # -- what the agreement step compares (``Backend.agree``) -------------------------------
     def describe(self) -> list[str]:
-        """The structure and partition, then each leaf's shape and dtype (first host)."""
-        return describe(self.treespecs[0], self.leaves[0], self.partition)
+        """The structure and partition (and a given global shape), then each leaf's shape and
+        dtype (first host)."""
+        lines = describe(self.treespecs[0], self.leaves[0], self.partition)
+        if self.global_shape is not None:
+            lines[0] += f", global_shape {self.global_shape!r}"
+        return lines
 
     def path(self, i: int) -> str:
         """Leaf ``i``'s path in the first host's tree."""
@@ -255,9 +259,11 @@ def _plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostCall) -> C
                     f"{tuple(t.shape)} {t.dtype}."
                 )
     shapes = [tuple(t.shape) for t in tensors[0]]
-    if full:
+    if full and done:  # a global leaf is not a host batch
         host = [i for i in range(n) if i not in done]
         check_full_batch([paths[i] for i in host], [shapes[i] for i in host])
+    elif full:
+        check_full_batch(paths, shapes)
     plans: list[HostPlan | None] = []
     for i in range(n):
         if i in done:
