@@ -510,3 +510,49 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
             tuple(ts.host_to_global_array(torch.full((1, 2), float(k))).shape) for k in range(3)
         ]
     return {"got": got, "error": error, "after": after, "stuck": stuck}
+
+
+def parity() -> dict[str, Any]:
+    """axlearn/JAX parity on a (2, world / 2) mesh: ``global_shape=`` (a rank passes the whole
+    width, or the whole array, and slices its shard), an already-global leaf returned as it is
+    (or refused when laid out otherwise), read-back outside a mesh, complex values."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    grid = np.arange(world).reshape(2, world // 2)
+    mesh = _mesh(grid, ("data", "model"))
+    g = global_value((4, 2 * world), "float32")
+    spec = ts.P("data", "model")
+    row = rank // (world // 2)
+    with mesh:
+        rows = g[2 * row : 2 * row + 2]  # its part of dim 0, the whole of dim 1
+        wide = ts.host_to_global_array(rows.clone(), partition=spec, global_shape=(4, 2 * world))
+        whole = ts.host_to_global_array(g.clone(), partition=spec, global_shape=tuple(g.shape))
+        same = ts.host_to_global_array({"a": wide}, partition=spec)["a"] is wide
+        other = _catch(lambda: ts.host_to_global_array(wide, partition=ts.P("model")))
+        bad = _catch(
+            lambda: ts.host_to_global_array(rows[:1].clone(), partition=spec, global_shape=(4, 8))
+        )
+        mixed = (4, 2 * world) if rank == 0 else None  # rank 0 gives it, the others infer
+        disagree = _catch(
+            lambda: ts.host_to_global_array(rows.clone(), partition=spec, global_shape=mixed)
+        )
+        c = torch.complex(g, -g)
+        cg = ts.host_to_global_array(c[2 * row : 2 * row + 2].clone(), partition=ts.P("data"))
+    return {
+        "wide_local": wide.to_local().clone(),
+        "whole_local": whole.to_local().clone(),
+        "expected_local": g[block_slices(grid, ("data", "model"), spec, tuple(g.shape), rank)],
+        "same": same,
+        "other": other,
+        "bad": bad,
+        "disagree": disagree,
+        "outside_back": ts.global_to_host_array(wide),  # no mesh entered here
+        "outside_full": ts.replicate_to_local_data(whole),
+        "g": g,
+        "complex_back": ts.global_to_host_array(cg),
+        "complex_full": ts.replicate_to_local_data(cg),
+        "c": c,
+        "row": row,
+    }

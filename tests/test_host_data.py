@@ -10,8 +10,11 @@ import torch_xla
 from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype
 
 NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
-                np.float32, np.float64]  # fmt: skip
-DTYPE_NAMES = "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
+                np.float32, np.float64, np.complex64, np.complex128]  # fmt: skip
+DTYPE_NAMES = (
+    "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, complex64, "
+    "complex128"
+)
 
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES)
@@ -81,15 +84,15 @@ def test_numpy_scalars_are_0d():
             f"host_arrays['s']: numpy dtype object is not supported; expected one of {DTYPE_NAMES}",
         ),
         (
-            np.zeros(2, np.complex64),
+            np.zeros(2, np.clongdouble),
             TypeError,
-            "host_arrays['s']: numpy dtype complex64 is not supported",
+            "host_arrays['s']: numpy dtype complex256 is not supported",
         ),
         (
-            torch.zeros(2, dtype=torch.complex64),
+            torch.zeros(2, dtype=torch.uint16),
             TypeError,
             (
-                f"host_arrays['s']: dtype torch.complex64 is not supported; expected one of "
+                f"host_arrays['s']: dtype torch.uint16 is not supported; expected one of "
                 f"{DTYPE_NAMES}."
             ),
         ),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import torchshard as ts
+from torchshard._core.topology import Topology, override_topology
 from torchshard.testing import (
     global_to_host_array_per_host,
     host_to_global_array_per_host,
@@ -128,12 +129,147 @@ def test_hybrid_errors():
         with pytest.raises(
             ValueError,
             match=re.escape(
-                "Number of slices/granules 2 must equal the product of dcn_mesh_shape (4, 1)"
+                "Number of slices/granules 2 must equal the product of dcn_mesh_shape (4, 1), "
+                "but that product is 4: the DCN mesh tiles the hosts, and 2 hosts own the mesh's "
+                "devices (4 each). Use a dcn_mesh_shape whose product is 2 (-1 infers one axis)."
             ),
         ):
             ts.create_device_mesh(ts.HybridMeshShape((1, 2), (4, 1)), ("a", "b"))
         with pytest.raises(
             ValueError,
-            match=re.escape("Product of ICI mesh (2, 1) does not match num_devices_per_granule=4."),
+            match=re.escape(
+                "Product of ICI mesh (2, 1) does not match num_devices_per_granule=4: the ICI "
+                "mesh has 2 devices, but each of the 2 hosts owns 4 of the mesh's devices. Use "
+                "an ici_mesh_shape whose product is 4 (-1 infers one axis)."
+            ),
         ):
             ts.create_device_mesh(ts.HybridMeshShape((2, 1), (2, 1)), ("a", "b"))
+
+
+def _interleaved_hosts(hosts):
+    """A topology whose hosts own interleaved device ids (device d on host d % hosts), as
+    global ordinals may be on a real multi-host run; contiguous ids hide host splitting."""
+    return override_topology(Topology(0, hosts, tuple(d % hosts for d in range(8)), virtual=True))
+
+
+@pytest.mark.parametrize(
+    ("hosts", "shape", "expected"),
+    [
+        # axlearn's rule: the first non-singleton axis is split over the hosts; each host's
+        # devices, in id order, fill its block of the mesh.
+        (2, (2, 4), [[0, 2, 4, 6], [1, 3, 5, 7]]),
+        (2, (4, 2), [[0, 2], [4, 6], [1, 3], [5, 7]]),
+        (2, (1, 8), [[0, 2, 4, 6, 1, 3, 5, 7]]),
+        (2, (1, 2, 4), [[[0, 2, 4, 6], [1, 3, 5, 7]]]),
+        (4, (4, 2), [[0, 4], [1, 5], [2, 6], [3, 7]]),
+        (4, (-1, 1), [[0], [4], [1], [5], [2], [6], [3], [7]]),
+    ],
+)
+def test_plain_shape_is_split_over_hosts(hosts, shape, expected):
+    with _interleaved_hosts(hosts):
+        mesh = ts.create_device_mesh(shape, ("a", "b", "c")[: len(shape)])
+    assert mesh.devices.tolist() == expected
+    # the oracle: each host's devices form one contiguous block along the split axis
+    axis = next(i for i, n in enumerate(mesh.devices.shape) if n != 1)
+    for h, block in enumerate(np.split(mesh.devices, hosts, axis=axis)):
+        assert sorted(block.reshape(-1).tolist()) == [d for d in range(8) if d % hosts == h]
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+@pytest.mark.parametrize("shape", [(4, 2), (8, 1), (1, 8), (4, 1, 2), (-1, 2)])
+def test_plain_shape_on_contiguous_hosts_is_the_reshape(hosts, shape):
+    # Contiguous host groups (virtual_hosts): splitting the leading axis is the plain reshape.
+    with virtual_hosts(hosts):
+        mesh = ts.create_device_mesh(shape, ("a", "b", "c")[: len(shape)])
+    assert mesh.devices.reshape(-1).tolist() == list(range(8))
+
+
+def test_plain_shape_whose_first_axis_spans_hosts_is_refused():
+    # The issue's case: (2, 4) on 4 hosts would give rows that span two hosts each.
+    with virtual_hosts(4):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "create_device_mesh: mesh shape (2, 4) on 4 hosts: the first non-singleton mesh "
+                "axis 0 has size 2, which must be divisible by the number of slices/granules "
+                "(hosts) 4: that axis is split over the hosts so that each host's 2 devices form "
+                "one block of the mesh. Make axis 0 a multiple of 4 (e.g. put the axis that "
+                "spans hosts first), or lay the hosts out yourself with a HybridMeshShape."
+            ),
+        ):
+            ts.create_device_mesh((2, 4), ("data", "model"))
+        with pytest.raises(ValueError, match=re.escape("the first non-singleton mesh axis 1")):
+            ts.create_device_mesh((1, 2, 4), ("a", "b", "c"))
+        # the hybrid shape that lays the hosts out as wanted is accepted
+        mesh = ts.create_device_mesh(ts.HybridMeshShape((1, 2), (2, 2)), ("data", "model"))
+    assert mesh.devices.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_hosts_owning_different_numbers_of_devices():
+    topology = Topology(0, 2, (0, 0, 0, 0, 0, 0, 1, 1), virtual=True)
+    with override_topology(topology):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "create_device_mesh: a mesh over several hosts gives every host the same block, "
+                "so each host must own the same number of the mesh's devices, but the hosts own "
+                "{0: 6, 1: 2} (host: devices; the devices by host: {0: [0, 1, 2, 3, 4, 5], "
+                "1: [6, 7]}). Pass devices= with the same number of devices from each host."
+            ),
+        ):
+            ts.create_device_mesh((4, 2), ("a", "b"))
+
+
+@pytest.mark.parametrize(
+    ("shape", "error", "message"),
+    [
+        (
+            "42",
+            TypeError,
+            (
+                "create_device_mesh: mesh_shape must be a sequence of ints (one size per mesh "
+                "axis, -1 inferred), but got str '42'. Pass a tuple such as (4, 2) or (-1, 2)."
+            ),
+        ),
+        (
+            8,
+            TypeError,
+            (
+                "create_device_mesh: mesh_shape must be a sequence of ints (one size per mesh "
+                "axis, -1 inferred), but got int 8. Pass a tuple such as (4, 2) or (-1, 2)."
+            ),
+        ),
+        (
+            (-2, -4),
+            ValueError,
+            (
+                "create_device_mesh: mesh_shape (-2, -4): axis 0 is -2, but each axis must be a "
+                "positive size, or -1 for the one axis inferred from the device count. Use sizes "
+                ">= 1 (e.g. (2, 4)) or -1 (e.g. (-1, 4))."
+            ),
+        ),
+        ((4, 0), ValueError, "create_device_mesh: mesh_shape (4, 0): axis 1 is 0, but each"),
+        (
+            (2.0, 4),
+            TypeError,
+            (
+                "create_device_mesh: mesh_shape (2.0, 4): axis 0 must be an int, but got float "
+                "2.0. Pass a tuple of ints such as (4, 2)."
+            ),
+        ),
+        ((True, 8), TypeError, "create_device_mesh: mesh_shape (True, 8): axis 0 must be an int"),
+    ],
+)
+def test_bad_mesh_shapes(shape, error, message):
+    with pytest.raises(error, match="^" + re.escape(message)):
+        ts.create_device_mesh(shape, ("a", "b"))
+
+
+def test_bad_shapes_elsewhere():
+    with pytest.raises(TypeError, match=re.escape("mesh_shape must be a sequence of ints")):
+        ts.infer_mesh_shape("42")
+    with pytest.raises(ValueError, match=re.escape("ici_mesh_shape (2, -3): axis 1 is -3")):
+        ts.HybridMeshShape((2, -3), (1, 1))
+    with pytest.raises(TypeError, match=re.escape("dcn_mesh_shape must be a sequence of ints")):
+        ts.HybridMeshShape((2, 4), "11")
+    assert ts.create_device_mesh(np.array([4, 2]), ("a", "b")).devices.shape == (4, 2)

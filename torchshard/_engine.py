@@ -26,7 +26,7 @@ points before ``plan``; a loader calls it on its consumer's thread instead.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,6 +38,7 @@ from torchshard._core.errors import ShardingError, TreeStructureError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to_spec
 from torchshard._core.plan import HostPlan, plan_from_local
+from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.topology import Topology
 from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
@@ -58,11 +59,23 @@ class HostCall:
     checks).
     """
 
-    __slots__ = ("_paths", "leaves", "partition", "per_host", "tensors", "trees", "treespecs")
+    __slots__ = (
+        "_paths",
+        "global_shape",
+        "leaves",
+        "partition",
+        "per_host",
+        "tensors",
+        "trees",
+        "treespecs",
+    )
 
-    def __init__(self, trees: Sequence[Any], partition: Any, per_host: bool) -> None:
+    def __init__(
+        self, trees: Sequence[Any], partition: Any, per_host: bool, global_shape: Any = None
+    ) -> None:
         self.partition = partition
         self.per_host = per_host
+        self.global_shape = global_shape  # None: inferred; else a shape, or a prefix tree
         self.trees = trees
         if len(trees) == 1:  # the common case, without the generic bookkeeping
             leaves, treespec = flatten(trees[0])
@@ -102,19 +115,31 @@ class HostCall:
 
     # -- what the agreement step compares (``Backend.agree``) -------------------------------
     def describe(self) -> list[str]:
-        """The structure and partition, then each leaf's shape and dtype (first host)."""
-        return describe(self.treespecs[0], self.leaves[0], self.partition)
+        """The structure and partition (and a given global shape), then each leaf's shape and
+        dtype (first host)."""
+        lines = describe(self.treespecs[0], self.leaves[0], self.partition)
+        if self.global_shape is not None:
+            lines[0] += f", global_shape {self.global_shape!r}"
+        return lines
 
     def path(self, i: int) -> str:
         """Leaf ``i``'s path in the first host's tree."""
         return self.paths[0][i]
 
 
-def read(trees: Sequence[Any], topology: Topology, partition: Any, *, per_host: bool) -> HostCall:
+def read(
+    trees: Sequence[Any],
+    topology: Topology,
+    partition: Any,
+    *,
+    per_host: bool,
+    global_shape: Any = None,
+) -> HostCall:
     """The call of ``trees``: one per host in ``topology.data_hosts``, in that order.
 
     ``per_host``: the trees were given as a list of per-host trees (``per_host_arrays``), not as
-    this host's one tree (``host_arrays``); it names the paths of errors.
+    this host's one tree (``host_arrays``); it names the paths of errors. ``global_shape``: see
+    ``host_to_global_array``.
     """
     count = len(topology.data_hosts)
     if len(trees) != count:
@@ -122,14 +147,14 @@ def read(trees: Sequence[Any], topology: Topology, partition: Any, *, per_host: 
         raise ShardingError(
             f"{name}: expected one tree per host, {count} in all, but got {len(trees)}."
         )
-    return HostCall(trees, partition, per_host)
+    return HostCall(trees, partition, per_host, global_shape)
 
 
 class CallPlan(NamedTuple):
     """A call's plans, and per leaf the backend's ``make_global`` with all but shards bound
     (``None`` until the call is cached: a first call goes through ``make_global``)."""
 
-    plans: list[HostPlan]
+    plans: list[HostPlan | None]  # None: the leaf is already global, placed as it is
     makers: list[MakeGlobal] | None
     slot: dict[int, int]  # host -> index of its tree in the call
     placers: list[Callable[[torch.Tensor], torch.Tensor]] | None = None
@@ -157,7 +182,10 @@ def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | No
         or isinstance(partition, DataPartitionType)
     ):
         return None
-    sig: list[Any] = [mesh, topology, partition, call.treespecs]
+    shape = call.global_shape
+    if shape is not None and not (type(shape) is tuple and all(type(n) is int for n in shape)):
+        return None
+    sig: list[Any] = [mesh, topology, partition, call.treespecs, shape]
     for leaves in call.leaves:
         for x in leaves:
             cls = type(x)
@@ -213,10 +241,14 @@ def _plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostCall) -> C
     n = len(call.leaves[0])
     paths = call.paths[0]
     specs = specs_for(spec_tree, call.trees[0], n, call.argname)
+    given = global_shapes(call.global_shape, call.trees[0], n, call.argname, paths)
     devices = tuple(backend.local_devices(mesh))
     _check_local_owner(topology, devices)
-    tensors = call.tensors = host_tensors(call)
+    done = already_global(mesh, backend, call, specs, given)
+    tensors = call.tensors = host_tensors(call, done)
     for i in range(n):
+        if i in done:
+            continue
         ref = tensors[0][i]
         for h in range(1, len(tensors)):
             t = tensors[h][i]
@@ -227,12 +259,20 @@ def _plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostCall) -> C
                     f"{tuple(t.shape)} {t.dtype}."
                 )
     shapes = [tuple(t.shape) for t in tensors[0]]
-    if full:
+    if full and done:  # a global leaf is not a host batch
+        host = [i for i in range(n) if i not in done]
+        check_full_batch([paths[i] for i in host], [shapes[i] for i in host])
+    elif full:
         check_full_batch(paths, shapes)
-    plans = []
+    plans: list[HostPlan | None] = []
     for i in range(n):
+        if i in done:
+            plans.append(None)
+            continue
         try:
-            p = plan_from_local(mesh, specs[i], shapes[i], topology.device_process, devices)
+            p = plan_from_local(
+                mesh, specs[i], shapes[i], topology.device_process, devices, given[i]
+            )
             backend.check_layout(mesh, p.axes)
         except ShardingError as e:
             raise type(e)(at(paths[i], str(e))) from None
@@ -299,12 +339,106 @@ def _host_tensor(x: Any, paths: LazyPaths, i: int) -> torch.Tensor:
     return as_host_tensor(x, paths[i])
 
 
-def host_tensors(call: HostCall) -> list[list[torch.Tensor]]:
-    """Every host's leaves as CPU tensors (numpy zero-copy); ``TypeError`` naming the path."""
+def host_tensors(call: HostCall, done: Container[int] = ()) -> list[list[torch.Tensor]]:
+    """Every host's leaves as CPU tensors (numpy zero-copy); ``TypeError`` naming the path.
+    The leaves in ``done`` (already global) stay as they are."""
     return [
-        [_host_tensor(x, paths, i) for i, x in enumerate(leaves)]
+        [x if i in done else _host_tensor(x, paths, i) for i, x in enumerate(leaves)]
         for leaves, paths in zip(call.leaves, call.paths, strict=True)
     ]
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, (tuple, list, torch.Size)) and all(
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in x
+    )
+
+
+def global_shapes(
+    given: Any, tree: Any, n: int, argname: str, paths: Any
+) -> list[tuple[int, ...] | None]:
+    """The given global shape of each of ``tree``'s ``n`` leaves (``None``: inferred):
+    ``given`` is one shape for every leaf, or a prefix tree of shapes and ``None``s."""
+    if given is None:
+        return [None] * n
+    if _is_shape(given):
+        shapes = [given] * n
+    else:
+        if isinstance(given, (str, bytes, int, float)):
+            raise TypeError(
+                f"global_shape: expected a shape (a tuple of ints), or a tree of them (and None) "
+                f"matching {argname}, but got {type(given).__name__} {given!r}."
+            )
+        shapes = broadcast_prefix(
+            given, tree, is_prefix_leaf=_is_shape, prefix_name="global_shape", full_name=argname
+        )
+    out = []
+    for s in shapes:
+        if s is None:
+            out.append(None)
+            continue
+        shape = tuple(int(k) for k in s)
+        if any(k < 0 for k in shape):
+            raise ValueError(
+                f"{paths[len(out)]}: global_shape {shape} has a negative size; give the global "
+                "array's shape (sizes >= 0), or None to infer it."
+            )
+        out.append(shape)
+    return out
+
+
+def already_global(
+    mesh: Mesh,
+    backend: Backend,
+    call: HostCall,
+    specs: Sequence[PartitionSpec],
+    given: Sequence[tuple[int, ...] | None],
+) -> frozenset[int]:
+    """The leaves that are already global tensors of ``backend`` whose layout is their spec's
+    on ``mesh`` (JAX's ``make_array_from_process_local_data`` returns such an array as it
+    is); ``ShardingError`` naming the path for one whose layout (or shape) differs."""
+    done = set()
+    for i, x in enumerate(call.leaves[0]):
+        if not backend.is_global(x):
+            continue
+        path = call.paths[0][i]
+        for h in range(1, len(call.leaves)):
+            if call.leaves[h][i] is not x:
+                raise ShardingError(
+                    f"{call.paths[h][i]}: {path} is already a global tensor, so every host must "
+                    "pass that same tensor here; got something else. Pass host blocks on every "
+                    "host, or the global tensor on every host."
+                )
+        shape = tuple(x.shape)
+        if given[i] is not None and given[i] != shape:
+            raise ShardingError(
+                f"{path}: already a global tensor of shape {shape}, but global_shape is "
+                f"{given[i]}. Drop global_shape for it, or give {shape}."
+            )
+        spec = specs[i]
+        try:
+            want = NamedSharding(mesh, spec).devices_indices_map(shape)
+        except ShardingError as e:
+            raise type(e)(at(path, str(e))) from None
+        have = backend.local_ranges(x)
+        if have is None or any(
+            tuple((s.start, s.stop) for s in want.get(d, ())) != r for d, r in have.items()
+        ):
+            found = (
+                "partial sums (Partial placements)"
+                if have is None
+                else "per device (global [start, stop) per dimension) "
+                + ", ".join(f"{d}: {list(r)}" for d, r in sorted(have.items()))
+            )
+            raise ShardingError(
+                f"{path}: already a global tensor, but not laid out as {spec!r} on "
+                f"{mesh!r} asks; found {found}. host_to_global_array returns a global tensor "
+                "as it is only when its layout matches: pass the partition it has, or "
+                "reshard it in the step (torchshard.maybe_shard), or read it back first "
+                "(global_to_host_array)."
+            )
+        done.add(i)
+    return frozenset(done)
 
 
 def place(
@@ -329,6 +463,16 @@ def place(
     if hosts is None:  # a cached plan: the key says these leaves need no checks
         hosts = host_tensors(call)
     per_leaf = [list(t) for t in zip(*hosts, strict=True)]
+    if any(p is None for p in planned.plans):  # leaves already global (never cached)
+        out = [
+            per[0]
+            if p is None
+            else backend.make_global(
+                mesh, p.axes, p.global_shape, device_shards(p, per, slot), background=background
+            )
+            for per, p in zip(per_leaf, planned.plans, strict=True)
+        ]
+        return unflatten(call.treespec, out)
     if makers is not None and not background:
         out = [
             make(device_shards(p, per, slot))

@@ -23,6 +23,8 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.bfloat16,
     torch.float32,
     torch.float64,
+    torch.complex64,
+    torch.complex128,
 )
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 _NP_SUPPORTED = frozenset(
@@ -37,6 +39,8 @@ _NP_SUPPORTED = frozenset(
         np.float16,
         np.float32,
         np.float64,
+        np.complex64,
+        np.complex128,
     )
 )
 

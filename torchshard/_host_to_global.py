@@ -38,18 +38,27 @@ def warn_partition_type(partition: Any, *, stacklevel: int) -> None:
         )
 
 
-def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+def host_to_global_array(
+    host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION, global_shape: Any = None
+) -> Any:
     """Turns each host's block of a batch into global tensors sharded over the current mesh.
 
     Every process passes its own block (a tree of numpy arrays or CPU tensors); the global
     shape is inferred from the mesh and the device -> process map, as in JAX's
-    ``make_array_from_process_local_data``. Each device receives only its shard.
+    ``make_array_from_process_local_data``, or given (``global_shape``). Each device receives
+    only its shard. A leaf that is already a global tensor laid out as its spec asks is
+    returned as it is (as JAX does); one laid out otherwise is an error.
 
     Args:
         host_arrays: a tree (dicts, lists, tuples, namedtuples, dataclasses; ``None`` passes
-            through) of numpy arrays or CPU tensors.
+            through) of numpy arrays or CPU tensors (or global tensors, see above).
         partition: a ``PartitionSpec``, a prefix tree of them, or (deprecated) a
             ``DataPartitionType``. Default: ``FULL``, dim 0 split over every mesh axis.
+        global_shape: ``None`` (inferred), one shape (a tuple of ints) for every leaf, or a
+            prefix tree of shapes and ``None``s. As in JAX, along each dimension the host's
+            block is then either the whole dimension (every host passes the same values and
+            each slices what its devices need, e.g. the full width of a dimension that is
+            split only within hosts) or the host's own part (the inferred case).
 
     Returns:
         The same tree with global tensors of the mesh's backend at the leaves (XLA tensors;
@@ -86,12 +95,14 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
         )
     if isinstance(partition, DataPartitionType):
         warn_partition_type(partition, stacklevel=1)
-    call = HostCall((host_arrays,), partition, False)  # one tree: what `read` checks holds
+    call = HostCall((host_arrays,), partition, False, global_shape)  # one tree: as `read` checks
     backend.agree(mesh, call, what="host_arrays")
     return to_global(mesh, backend, topology, call)
 
 
-def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+def host_to_global_device_array(
+    host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION, global_shape: Any = None
+) -> Any:
     """Deprecated alias of ``host_to_global_array``."""
     warn_once(
         "host_to_global_device_array",
@@ -99,7 +110,7 @@ def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT
     )
     if isinstance(partition, DataPartitionType):  # warned here, at our caller's line (once)
         warn_partition_type(partition, stacklevel=1)
-    return host_to_global_array(host_arrays, partition=partition)
+    return host_to_global_array(host_arrays, partition=partition, global_shape=global_shape)
 
 
 def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:

@@ -39,8 +39,12 @@ class HybridMeshShape:
     dcn_mesh_shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ici_mesh_shape", tuple(self.ici_mesh_shape))
-        object.__setattr__(self, "dcn_mesh_shape", tuple(self.dcn_mesh_shape))
+        object.__setattr__(
+            self, "ici_mesh_shape", _checked_shape(self.ici_mesh_shape, "ici_mesh_shape")
+        )
+        object.__setattr__(
+            self, "dcn_mesh_shape", _checked_shape(self.dcn_mesh_shape, "dcn_mesh_shape")
+        )
         if len(self.ici_mesh_shape) != len(self.dcn_mesh_shape):
             raise ValueError(
                 f"{self.ici_mesh_shape=} should have the same length as {self.dcn_mesh_shape}."
@@ -50,6 +54,32 @@ class HybridMeshShape:
         return len(self.ici_mesh_shape)
 
 
+def _checked_shape(mesh_shape: Any, name: str) -> tuple[int, ...]:
+    """``mesh_shape`` as a tuple of ints, each a positive size or ``-1`` (inferred); a clear
+    ``TypeError``/``ValueError`` naming ``name`` otherwise (a string would iterate as digits)."""
+    if isinstance(mesh_shape, (str, bytes)) or not isinstance(mesh_shape, Sequence | np.ndarray):
+        raise TypeError(
+            f"{name} must be a sequence of ints (one size per mesh axis, -1 inferred), but got "
+            f"{type(mesh_shape).__name__} {mesh_shape!r}. Pass a tuple such as (4, 2) or "
+            "(-1, 2)."
+        )
+    out = []
+    for i, n in enumerate(mesh_shape):
+        if isinstance(n, bool) or not isinstance(n, int | np.integer):
+            raise TypeError(
+                f"{name} {tuple(mesh_shape)!r}: axis {i} must be an int, but got "
+                f"{type(n).__name__} {n!r}. Pass a tuple of ints such as (4, 2)."
+            )
+        if n < 1 and n != -1:
+            raise ValueError(
+                f"{name} {tuple(int(m) for m in mesh_shape)!r}: axis {i} is {int(n)}, but each "
+                "axis must be a positive size, or -1 for the one axis inferred from the device "
+                "count. Use sizes >= 1 (e.g. (2, 4)) or -1 (e.g. (-1, 4))."
+            )
+        out.append(int(n))
+    return tuple(out)
+
+
 def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -> tuple[int, ...]:
     """``mesh_shape`` with its (at most one) ``-1`` inferred from the device count.
 
@@ -57,7 +87,7 @@ def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -
         >>> torchshard.infer_mesh_shape((-1, 2), num_devices=8)
         (4, 2)
     """
-    mesh_shape = tuple(int(n) for n in mesh_shape)
+    mesh_shape = _checked_shape(mesh_shape, "mesh_shape")
     if -1 not in mesh_shape:
         return mesh_shape
     if mesh_shape.count(-1) > 1:
@@ -86,10 +116,15 @@ def create_device_mesh(
 ) -> Mesh:
     """A ``Mesh`` of ``mesh_shape`` over ``devices`` (default: every device of the run).
 
-    A plain shape reshapes the device ids in order (at most one ``-1`` is inferred). A
-    ``HybridMeshShape`` groups the devices by owning process (the DCN granule), lays each
-    group out as ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; it works on the
-    CPU, including under ``torchshard.testing.virtual_hosts``.
+    A plain shape reshapes the device ids in order (at most one ``-1`` is inferred). On
+    several hosts it is split as axlearn splits it: its first axis that is not 1 goes over the
+    hosts (it must be a multiple of the host count, else ``ValueError``), so that each host's
+    devices form one block of the mesh, i.e. the ``HybridMeshShape`` with that axis divided by
+    the host count and a DCN shape of the host count on that axis. (With one device per
+    process, as on the DTensor backend, the ids are reshaped as given.) A ``HybridMeshShape``
+    groups the devices by owning process (the DCN granule), lays each group out as
+    ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; both work on the CPU,
+    including under ``torchshard.testing.virtual_hosts``.
 
     With ``backend="dtensor"`` the devices are the ranks of torch.distributed's default
     process group (one device per process) and the mesh carries a ``DeviceMesh`` built with
@@ -111,6 +146,8 @@ def create_device_mesh(
         mesh.devices.tolist()  # [[0, 1], [2, 3]]: the ranks
         mesh.native  # DeviceMesh((data=2, model=2), device: 'cpu', stride: (2, 1))
     """
+    if not isinstance(mesh_shape, HybridMeshShape):
+        mesh_shape = _checked_shape(mesh_shape, "create_device_mesh: mesh_shape")
     runtime = backend_by_name(backend)
     # The named backend's devices (or their emulation), whatever the default backend is.
     topology = current_topology(backend=backend, of=runtime)
@@ -128,27 +165,78 @@ def create_device_mesh(
                 f"mesh shape {shape} has {math.prod(shape)} devices, but {ids.size} devices were "
                 "given; a mesh must cover every device."
             )
-        grid = ids.reshape(shape)
+        grid = _split_over_hosts(shape, ids, topology.device_process)
     return runtime.create_mesh(np.asarray(grid, dtype=np.int64), tuple(axis_names))
 
 
-def _hybrid(shape: HybridMeshShape, ids: np.ndarray, device_process: Sequence[int]) -> Any:
+def _granules(ids: np.ndarray, device_process: Sequence[int]) -> list[list[int]]:
+    """The given device ids grouped by owning process (in process order), each group in the
+    order given; ``ValueError`` when the processes own different numbers of them."""
     groups: dict[int, list[int]] = {}
     for d in ids.tolist():
         groups.setdefault(device_process[d], []).append(d)
     granules = [groups[k] for k in sorted(groups)]
+    counts = {k: len(groups[k]) for k in sorted(groups)}
+    if len(set(counts.values())) > 1:
+        raise ValueError(
+            "create_device_mesh: a mesh over several hosts gives every host the same block, so "
+            "each host must own the same number of the mesh's devices, but the hosts own "
+            f"{counts} (host: devices; the devices by host: {groups}). Pass devices= with the "
+            "same number of devices from each host."
+        )
+    return granules
+
+
+def _split_over_hosts(
+    shape: tuple[int, ...], ids: np.ndarray, device_process: Sequence[int]
+) -> Any:
+    """The grid of a plain ``shape``: on several hosts (each owning several of the devices),
+    axlearn's rule: the first axis that is not 1 is split over the hosts (the DCN part), the
+    rest is each host's own (ICI) layout; else ``ids`` reshaped in order."""
+    granules = _granules(ids, device_process)
+    hosts = len(granules)
+    if hosts == 1 or len(granules[0]) == 1:
+        return ids.reshape(shape)
+    axis = next(i for i, n in enumerate(shape) if n != 1)  # prod(shape) == ids.size > 1
+    if shape[axis] % hosts:
+        raise ValueError(
+            f"create_device_mesh: mesh shape {shape} on {hosts} hosts: the first non-singleton "
+            f"mesh axis {axis} has size {shape[axis]}, which must be divisible by the number of "
+            f"slices/granules (hosts) {hosts}: that axis is split over the hosts so that each "
+            f"host's {len(granules[0])} devices form one block of the mesh. Make axis {axis} a "
+            f"multiple of {hosts} (e.g. put the axis that spans hosts first), or lay the hosts "
+            "out yourself with a HybridMeshShape."
+        )
+    ici = (*shape[:axis], shape[axis] // hosts, *shape[axis + 1 :])
+    dcn = (1,) * axis + (hosts,) + (1,) * (len(shape) - axis - 1)
+    return _hybrid(HybridMeshShape(ici, dcn), ids, device_process, granules)
+
+
+def _hybrid(
+    shape: HybridMeshShape,
+    ids: np.ndarray,
+    device_process: Sequence[int],
+    granules: list[list[int]] | None = None,
+) -> Any:
+    if granules is None:
+        granules = _granules(ids, device_process)
     per = len(granules[0])
-    if any(len(g) != per for g in granules):
-        raise ValueError(f"processes own different numbers of devices: {groups}.")
     dcn = infer_mesh_shape(shape.dcn_mesh_shape, num_devices=len(granules))
     ici = infer_mesh_shape(shape.ici_mesh_shape, num_devices=per)
     if math.prod(dcn) != len(granules):
         raise ValueError(
             f"Number of slices/granules {len(granules)} must equal the product of "
-            f"dcn_mesh_shape {dcn}"
+            f"dcn_mesh_shape {dcn}, but that product is {math.prod(dcn)}: the DCN mesh tiles "
+            f"the hosts, and {len(granules)} hosts own the mesh's devices ({per} each). Use a "
+            f"dcn_mesh_shape whose product is {len(granules)} (-1 infers one axis)."
         )
     if math.prod(ici) != per:
-        raise ValueError(f"Product of ICI mesh {ici} does not match num_devices_per_granule={per}.")
+        raise ValueError(
+            f"Product of ICI mesh {ici} does not match num_devices_per_granule={per}: the ICI "
+            f"mesh has {math.prod(ici)} devices, but each of the {len(granules)} hosts owns "
+            f"{per} of the mesh's devices. Use an ici_mesh_shape whose product is {per} (-1 "
+            "infers one axis)."
+        )
     per_granule = [np.asarray(g).reshape(ici) for g in granules]
     grid = np.arange(len(granules)).reshape(dcn)
     blocks = np.empty(dcn, dtype=object)

@@ -4,7 +4,11 @@
 Reading back asks the backend for the local shards with their global ranges (torch_xla: one
 ``_get_local_shards`` call for the whole tree, no compilation; DTensor: ``to_local()`` with
 DTensor's own offsets) and concatenates the distinct ranges along each dimension. It does not
-depend on how the tensor was sharded, so step outputs read back too.
+depend on how the tensor was sharded, so step outputs read back too; nor on a current mesh: a
+global tensor carries its sharding (torch_xla's sharding spec, a DTensor's mesh and placements),
+so outside ``with mesh:`` the tensors' own backend reads them (as axlearn's needs no mesh
+context). An XLA tensor that was never annotated (moved with ``.to()``) is whole on every
+device.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from typing import Any
 
 import torch
 
-from torchshard._backend import Backend, LocalShard, get_backend
+from torchshard._backend import Backend, LocalShard, backend_of, get_backend
+from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError
-from torchshard._core.mesh import require_mesh
+from torchshard._core.mesh import current_mesh
 from torchshard._core.plan import block_offsets
-from torchshard._core.topology import current_topology
+from torchshard._core.topology import Topology, current_topology
 from torchshard._core.tree import LazyPaths, flatten, unflatten
+
+_NOT_GIVEN: Any = object()  # global_to_host_array's deprecated ``partition``, when not passed
 
 
 def _check_global(backend: Backend, x: Any, where: str) -> None:
@@ -92,13 +99,24 @@ def _non_grid_block(
     )
 
 
+def _runtime(leaves: Sequence[Any]) -> tuple[Backend, Topology]:
+    """The backend and topology that read ``leaves``: the current mesh's; outside a mesh, the
+    first leaf's own backend (a global tensor carries its sharding) and that backend's
+    topology (an installed emulation's under ``virtual_hosts``)."""
+    mesh = current_mesh()
+    if mesh is not None:
+        return get_backend(mesh), current_topology(mesh)
+    backend = backend_of(leaves[0])
+    return backend, current_topology(backend=backend.name, of=backend)
+
+
 def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
     """For each host in ``hosts`` (``None``: this process), its block of every leaf."""
-    mesh = require_mesh("global_to_host_array")
-    backend = get_backend(mesh)
-    topology = current_topology(mesh)
     argname = "global_arrays"
     leaves, treespec = flatten(global_arrays)
+    if not leaves:  # nothing to read: no mesh or backend needed
+        return [unflatten(treespec, []) for _ in ([None] if hosts is None else hosts)]
+    backend, topology = _runtime(leaves)
     where = LazyPaths(treespec, argname)
     for i, leaf in enumerate(leaves):
         if not backend.is_global(leaf):
@@ -125,12 +143,20 @@ def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
     return out
 
 
-def global_to_host_array(global_arrays: Any, /) -> Any:
+def global_to_host_array(global_arrays: Any, /, *, partition: Any = _NOT_GIVEN) -> Any:
     """This process's block of each global tensor, as CPU tensors (inverse of
     ``host_to_global_array``).
 
     It reads the local shards (no compilation, no all-gather) and concatenates the distinct
-    slices this process's devices hold along each dimension.
+    slices this process's devices hold along each dimension. No mesh is needed: each tensor
+    carries its sharding. A tensor that was never annotated (an XLA tensor moved with
+    ``.to()``) is whole on every device, so its block is its value.
+
+    Args:
+        global_arrays: a tree of global tensors (XLA tensors, ``XLAShardedTensor``s,
+            ``DTensor``s).
+        partition: deprecated and ignored (as in axlearn): the block follows each tensor's own
+            sharding. Passing anything but ``None`` warns once (``DeprecationWarning``).
 
     Example (one host: its block is the whole array):
         >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
@@ -140,6 +166,12 @@ def global_to_host_array(global_arrays: Any, /) -> Any:
         >>> back["x"].device, torch.equal(back["x"], torch.as_tensor(x))
         (device(type='cpu'), True)
     """
+    if partition is not _NOT_GIVEN and partition is not None:
+        warn_once(
+            "global_to_host_array-partition",
+            "global_to_host_array: partition= is deprecated and ignored; each tensor's block "
+            "follows its own sharding. Drop the argument.",
+        )
     return host_blocks(global_arrays, None)[0]
 
 
@@ -147,7 +179,9 @@ def replicate_to_local_data(x: Any, /) -> Any:
     """The full global value of every global tensor in ``x``, on the host.
 
     Built from local shards when this process holds every block (one host, or the
-    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather).
+    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather). As for
+    ``global_to_host_array``, no mesh is needed, and a tensor that was never annotated gives
+    its value (as JAX's ``process_allgather``).
 
     Example:
         >>> with torchshard.Mesh(np.arange(8), ("data",)):
@@ -155,9 +189,10 @@ def replicate_to_local_data(x: Any, /) -> Any:
         ...     torchshard.replicate_to_local_data({"y": g * 10})
         {'y': tensor([ 0, 10, 20, 30, 40, 50, 60, 70])}
     """
-    mesh = require_mesh("replicate_to_local_data")
-    backend = get_backend(mesh)
     leaves, treespec = flatten(x)
+    if not leaves:
+        return unflatten(treespec, [])
+    backend, _ = _runtime(leaves)
     where = LazyPaths(treespec, "x")
     for i, leaf in enumerate(leaves):
         if not backend.is_global(leaf):

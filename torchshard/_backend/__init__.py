@@ -151,8 +151,14 @@ class Backend(Protocol):
         ...
 
     def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
-        """For each (sharded, see ``is_sharded``) tensor, the blocks held by this process's
-        devices."""
+        """For each global tensor, the blocks held by this process's devices (one that carries
+        no sharding, see ``is_sharded``, is whole on every local device)."""
+        ...
+
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        """Each local device's global ``[start, stop)`` per dimension of the global tensor
+        ``x``, without copying data (``None``: ``x`` holds no value layout, e.g. DTensor's
+        partial sums). ``host_to_global_array`` compares it with a spec's."""
         ...
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -485,6 +485,12 @@ class DTensorBackend:
         hosts = staging.read_back(locals_)
         return [[LocalShard(rank, r, h)] for r, h in zip(ranges, hosts, strict=True)]
 
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        if any(p.is_partial() for p in x.placements):
+            return None  # partial sums: no layout of a value
+        shape, offset = _local_offset(x)
+        return {dist.get_rank(): tuple((o, o + n) for o, n in zip(offset, shape, strict=True))}
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         x = _without_partial(x)
         if all(p.is_replicate() for p in x.placements):

@@ -278,6 +278,33 @@ def _annotate_custom_sharding(x: torch.Tensor, op_sharding: Any) -> None:
     _xla()._XLAC._xla_annotate_custom_sharding(x, op_sharding)
 
 
+def _unwrap(x: torch.Tensor) -> torch.Tensor:
+    """The XLA tensor of ``x``: the ``global_tensor`` of the ``XLAShardedTensor`` that
+    ``xs.mark_sharding`` returns (torch_xla 2.9: its own ops go through ``__torch_dispatch__``,
+    and the ``_XLAC`` read-back calls refuse it: "Expected XLA tensor"), else ``x``."""
+    if type(x) is torch.Tensor:
+        return x
+    return x.global_tensor if isinstance(x, _xs().XLAShardedTensor) else x
+
+
+def _real_view(x: torch.Tensor) -> torch.Tensor:
+    """``view_as_real(x)`` for reading a complex128 tensor back: torch_xla 2.9 (measured on
+    the CPU client) copies a *sharded* complex128 tensor to the host without its imaginary
+    parts (``.cpu()``, ``_get_local_shards`` and ``XLAShardedTensor.local_shards`` alike),
+    though the device data is right (``torch.imag`` on the device reads it) and complex64 is
+    unaffected. The real view (float64, one more dimension of 2, the same split) copies
+    correctly; it costs one small compiled graph."""
+    return torch.view_as_real(x)
+
+
+def _whole_on_every_device(x: torch.Tensor) -> list[LocalShard]:
+    """The local shards of an XLA tensor without a sharding spec: every local device holds
+    the whole value (SPMD replicates what was never annotated)."""
+    data = x.cpu()
+    whole = tuple((0, n) for n in x.shape)
+    return [LocalShard(d, whole, data) for d in _local_devices()]
+
+
 def _parse_ranges(indices: Any, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
     if indices is Ellipsis:
         return tuple((0, n) for n in shape)
@@ -334,6 +361,7 @@ class XlaBackend:
 
     def is_sharded(self, x: torch.Tensor) -> bool:
         # A lazy result gets its sharding when it runs; device data keeps the one it has.
+        x = _unwrap(x)
         _materialize([x])
         return _sharding_spec_text(x) != ""
 
@@ -380,14 +408,34 @@ class XlaBackend:
         # torch_xla 2.9: `_get_local_shards` copies each local device's (padded) block to the
         # CPU without compiling anything; `_get_local_shard_replica_and_indices` gives the
         # global slices of each (Ellipsis for a replicated tensor). Both take a list.
+        #
+        # A tensor moved with `.to(xla device)` and never annotated carries no sharding spec:
+        # `_get_local_shards` refuses it ("Tensor is not sharded"), but SPMD holds its whole
+        # value on every device, so each local device reports the whole value (one `.cpu()`).
         if not tensors:
             return []
         xlac = _xla()._XLAC
+        tensors = [_unwrap(t) for t in tensors]
         _materialize(tensors)
-        datas = xlac._get_local_shards(list(tensors))
-        indices = xlac._get_local_shard_replica_and_indices(list(tensors))
+        wide = {
+            i
+            for i, t in enumerate(tensors)
+            if t.dtype == torch.complex128 and _sharding_spec_text(t) != ""
+        }
+        if wide:  # read through their real view (see _real_view)
+            tensors = [_real_view(t) if i in wide else t for i, t in enumerate(tensors)]
+            _materialize([tensors[i] for i in wide])
+        unsharded = {i: t for i, t in enumerate(tensors) if _sharding_spec_text(t) == ""}
+        sharded = [t for i, t in enumerate(tensors) if i not in unsharded]
+        datas = xlac._get_local_shards(sharded) if sharded else []
+        indices = xlac._get_local_shard_replica_and_indices(sharded) if sharded else []
+        read = iter(zip(sharded, datas, indices, strict=True))
         out = []
-        for t, shard_devs, rep_idx in zip(tensors, datas, indices, strict=True):
+        for i in range(len(tensors)):
+            if i in unsharded:
+                out.append(_whole_on_every_device(unsharded[i]))
+                continue
+            t, shard_devs, rep_idx = next(read)
             shape = tuple(t.shape)
             shards = []
             for (data, dev), (_, idx) in zip(shard_devs, rep_idx, strict=True):
@@ -397,9 +445,31 @@ class XlaBackend:
                     data = data[block]
                 shards.append(LocalShard(_device_id(dev), ranges, data))
             out.append(shards)
+        for i in wide:
+            out[i] = [
+                LocalShard(s.device, s.ranges[:-1], torch.view_as_complex(s.data.contiguous()))
+                for s in out[i]
+            ]
         return out
 
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        # torch_xla 2.9: `_get_local_shard_replica_and_indices` gives each local device's
+        # global slices (in `local_devices` order) without copying data.
+        x = _unwrap(x)
+        _materialize([x])
+        shape = tuple(x.shape)
+        if _sharding_spec_text(x) == "":  # never annotated: whole on every device
+            return dict.fromkeys(_local_devices(), tuple((0, n) for n in shape))
+        indices = _xla()._XLAC._get_local_shard_replica_and_indices([x])[0]
+        return {
+            d: _parse_ranges(idx, shape)
+            for d, (_, idx) in zip(_local_devices(), indices, strict=True)
+        }
+
     def gather(self, x: torch.Tensor) -> torch.Tensor:
+        x = _unwrap(x)
+        if x.dtype == torch.complex128:
+            return torch.view_as_complex(_real_view(x).cpu().contiguous())
         return x.cpu()
 
     def annotate(

@@ -3,8 +3,9 @@
 Given a mesh, the per-dimension axes of a spec, and the device -> process map, a process's
 local array along dim ``i`` is the concatenation, in global order, of the distinct shards its
 devices hold along ``i``. ``plan_from_local`` infers the global shape from a local shape (JAX's
-``make_array_from_process_local_data`` rule) and gives each device the slice of its owner's
-local array that it must receive. ``block_offsets`` is the inverse used when reading back.
+``make_array_from_process_local_data`` rule), or takes a given one (``given_global_shape``:
+a host's block may then cover whole dimensions), and gives each device the slice of its
+owner's local array that it must receive. ``block_offsets`` is the inverse used when reading back.
 """
 
 from __future__ import annotations
@@ -91,6 +92,56 @@ def infer_global_shape(
     return shape
 
 
+def given_global_shape(
+    mesh: Mesh,
+    spec: PartitionSpec,
+    axes: DimAxes,
+    local_shape: tuple[int, ...],
+    global_shape: tuple[int, ...],
+    device_process: tuple[int, ...],
+) -> tuple[bool, ...]:
+    """Checks a given global shape against a host block (JAX's
+    ``make_array_from_process_local_data`` with ``global_shape``) and says, per dimension,
+    whether the block covers the whole dimension (each host then slices what its devices
+    need, by global index) rather than only its own part (its devices' distinct shards, in
+    order: the inferred case). Every host passes a block of ``local_shape``."""
+    check_device_process(mesh, device_process)
+    if len(global_shape) != len(local_shape):
+        raise ShardingError(
+            f"global_shape {global_shape} has {len(global_shape)} dimensions, but the host "
+            f"block has shape {local_shape} ({len(local_shape)} dimensions); give one size per "
+            "dimension."
+        )
+    check_divisible(mesh, spec, axes, global_shape)
+    feeds = dim_feeds(mesh, axes, device_process)
+    full = []
+    for i, (m, n, k, f) in enumerate(
+        zip(local_shape, global_shape, shard_counts(mesh, axes), feeds, strict=True)
+    ):
+        if m == n:
+            full.append(True)
+            continue
+        chunk = n // k
+        parts = {h: len(held) * chunk for h, held in sorted(f.sets.items())}
+        if set(parts.values()) != {m}:
+            held = len(next(iter(f.sets.values())))
+            own = (
+                f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its "
+                "devices)"
+                if len(set(parts.values())) == 1
+                else f"its own part (per host: {parts}; they differ, so only the whole dimension "
+                "serves every host)"
+            )
+            raise ShardingError(
+                f"dim {i} of the host block has size {m}, but with global_shape {global_shape} "
+                f"a host passes along it either the whole dimension, {n} (each host then takes "
+                f"the slices its devices need), or {own}, under {spec!r} on mesh "
+                f"{dict(mesh.shape)}. Pass a block of one of those sizes, or fix global_shape."
+            )
+        full.append(False)
+    return tuple(full)
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_from_local(
     mesh: Mesh,
@@ -98,15 +149,21 @@ def plan_from_local(
     local_shape: tuple[int, ...],
     device_process: tuple[int, ...],
     devices: tuple[int, ...],
+    global_shape: tuple[int, ...] | None = None,
 ) -> HostPlan:
     """The placement of a leaf whose every host passes a block of ``local_shape``.
 
     ``devices`` lists the devices to plan for (a backend's local devices), in its order.
-    Raises ``ShardingError`` subclasses without a tree path (callers add it); failures are not
+    ``global_shape``: given (see ``given_global_shape``), else inferred. Raises
+    ``ShardingError`` subclasses without a tree path (callers add it); failures are not
     cached, successes are, so a steady input stream plans each leaf shape once.
     """
     axes = dim_axes(mesh, spec, len(local_shape))
-    global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
+    if global_shape is None:
+        global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
+        full = (False,) * len(local_shape)
+    else:
+        full = given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process)
     feeds = dim_feeds(mesh, axes, device_process)
     counts = shard_counts(mesh, axes)
     numbers = device_shard_numbers(mesh, axes)
@@ -121,6 +178,9 @@ def plan_from_local(
             if k == 1:
                 continue
             chunk = n // k
+            if full[dim]:  # the host passed the whole dimension: cut by global index
+                cuts.append((dim, j * chunk, chunk))
+                continue
             held = f.sets[owner]
             if len(held) > 1:  # else the device gets the owner's whole local dimension
                 cuts.append((dim, held.index(j) * chunk, chunk))

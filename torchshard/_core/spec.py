@@ -38,6 +38,8 @@ def _canonical_entry(entry: Any, position: int) -> Entry:
     if entry is None or entry is UNCONSTRAINED or isinstance(entry, str):
         return entry
     if isinstance(entry, (tuple, list)):
+        if not entry:  # JAX: an empty tuple splits over no axis, i.e. not split
+            return None
         if not all(isinstance(a, str) for a in entry):
             raise TypeError(
                 f"PartitionSpec entry {position} must be None, an axis name or a tuple of axis "
@@ -54,7 +56,8 @@ class PartitionSpec(tuple):
     """How each leading dimension of an array is split over the axes of a mesh.
 
     Entries are ``None`` (dimension not split), an axis name, or a tuple of axis names
-    (the dimension is split over their product, the first axis major). A spec may be
+    (the dimension is split over their product, the first axis major). An empty tuple is
+    ``None``, as in JAX: ``P((), "x") == P(None, "x")``, with the same hash. A spec may be
     shorter than the array's rank: the remaining dimensions are not split. An axis may be
     used at most once. ``PartitionSpec.UNCONSTRAINED`` (only for ``maybe_shard``) leaves a
     dimension to the compiler.

@@ -94,10 +94,14 @@ def _require_virtual(caller: str) -> None:
 
 
 def host_to_global_array_per_host(
-    per_host_arrays: Sequence[Any], /, *, partition: Any = DEFAULT_PARTITION
+    per_host_arrays: Sequence[Any],
+    /,
+    *,
+    partition: Any = DEFAULT_PARTITION,
+    global_shape: Any = None,
 ) -> Any:
     """``host_to_global_array`` with every host's tree given: ``per_host_arrays[h]`` is host
-    ``h``'s block. Same validation and engine as the real path.
+    ``h``'s block. Same validation and engine as the real path (``global_shape`` as there).
 
     Example:
         >>> from torchshard.testing import host_to_global_array_per_host, virtual_hosts
@@ -116,7 +120,7 @@ def host_to_global_array_per_host(
     backend = get_backend(mesh)
     topology = current_topology(mesh)
     warn_partition_type(partition, stacklevel=1)
-    call = read(per_host_arrays, topology, partition, per_host=True)
+    call = read(per_host_arrays, topology, partition, per_host=True, global_shape=global_shape)
     backend.agree(mesh, call, what=call.argname)
     return to_global(mesh, backend, topology, call)
 
