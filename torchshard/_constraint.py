@@ -163,6 +163,11 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
         ``x`` itself when ``spec is None``, with no current mesh, or on a one-device mesh;
         otherwise a new tree.
 
+    Raises:
+        TypeError: (with or without a mesh) a ``spec`` that is not one spec: a dict or a
+            sequence holding ``PartitionSpec``s (a tree of specs: use
+            ``with_sharding_constraint``, which takes one), or malformed entries.
+
     Example (a hint for 3-D activations; a 2-D leaf it cannot apply to is left as it is):
         >>> from torchshard.testing import assert_sharded
         >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
