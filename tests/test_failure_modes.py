@@ -575,8 +575,8 @@ class Rows(torch.utils.data.Dataset):
         return {"x": np.full(2, i, np.float32)}
 
 
-def _stateful_loader():
-    return ts.GlobalBatchLoader(StatefulDataLoader(Rows(), batch_size=8), prefetch=0)
+def _stateful_loader(prefetch=0):
+    return ts.GlobalBatchLoader(StatefulDataLoader(Rows(), batch_size=8), prefetch=prefetch)
 
 
 @pytest.mark.parametrize(
@@ -682,8 +682,11 @@ def _stateful_loader():
         ),
     ],
 )
-def test_load_state_dict_refuses_bad_values_before_changing_anything(mesh8, state, error, message):
-    loader = _stateful_loader()
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_load_state_dict_refuses_bad_values_before_changing_anything(
+    mesh8, state, error, message, prefetch
+):
+    loader = _stateful_loader(prefetch)
     it = iter(loader)
     next(it)
     saved = loader.state_dict()

@@ -307,9 +307,14 @@ class GlobalBatchLoader(Iterable[Any]):
                 f"state_dict['sources']: expected one state per source ({len(self._sources)}), "
                 f"but got {len(states)}."
             )
+        # What each source's state looks like: the consumer's last snapshot (a source that an
+        # epoch's thread is reading is not asked from this thread), else the source's own.
+        current = self._cursor.snapshot
+        if current is None:
+            current = [s.state_dict() for s in self._sources]
         for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
             where = "state_dict['source']" if key == "source" else f"state_dict['sources'][{h}]"
-            _check_source_state(source, state, where)
+            _check_source_state(source, current[h], state, where)
         self._close_epoch(by="load_state_dict()")
         for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
             try:
@@ -334,10 +339,10 @@ class GlobalBatchLoader(Iterable[Any]):
                 )
 
 
-def _check_source_state(source: Any, state: Any, where: str) -> None:
-    """When ``source``'s own state is a dict, ``state`` must be a dict with the same keys (else
-    a state saved from another kind of source): ``TypeError``/``ValueError`` naming ``where``."""
-    current = source.state_dict()
+def _check_source_state(source: Any, current: Any, state: Any, where: str) -> None:
+    """When ``source``'s state (``current``) is a dict, ``state`` must be a dict with the same
+    keys (else it was saved from another kind of source): ``TypeError``/``ValueError`` naming
+    ``where``."""
     if not isinstance(current, dict):
         return
     if not isinstance(state, dict):
