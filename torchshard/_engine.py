@@ -152,8 +152,9 @@ _LAST: list[tuple[tuple[Any, ...], CallPlan] | None] = [None]
 
 def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | None:
     """What a call's plans depend on, or ``None`` when the call is not cached (a partition
-    given as a tree of specs, a leaf that is not a CPU tensor or a numpy array). The leaf's
-    type is part of the key: a tensor that needs no conversion is used as it is on a hit."""
+    given as a tree of specs, a leaf that is not a CPU tensor or a numpy array, a tensor that
+    is sparse, named, needs grad or has an unsupported dtype). The leaf's type is part of the
+    key: a tensor that needs no conversion is used as it is on a hit."""
     partition = call.partition
     if not (
         partition is DEFAULT_PARTITION
