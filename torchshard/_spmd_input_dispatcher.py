@@ -163,7 +163,8 @@ class SpmdInputDispatcher:
                 raise ShardingError(
                     f"{where[i]}: expected a batch of rank >= 1, but got a scalar spec."
                 )
-            self._check_rows(TensorSpec(shape, dtype), self.feed_logical_batch_size, where[i],
-                             "feed's")
+            self._check_rows(
+                TensorSpec(shape, dtype), self.feed_logical_batch_size, where[i], "feed's"
+            )
             out.append(TensorSpec(shape, dtype))
         return unflatten(treespec, out)
