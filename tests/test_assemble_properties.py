@@ -8,6 +8,7 @@ exactly where torch_xla puts it, and read each host's block back bit for bit.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -154,6 +155,58 @@ def test_round_trip_matches_torch_xla_and_numpy(case):
     for h in range(hosts):
         assert back[h].dtype == dtype
         assert _bits_equal(back[h], torch.as_tensor(blocks[h])), h
+
+
+def _changed(block, index):
+    """A copy of ``block`` (tensor or numpy) whose element at ``index`` differs."""
+    out = block.clone() if isinstance(block, torch.Tensor) else block.copy()
+    v = out[index]
+    if out.dtype in (torch.bool, np.bool_):
+        out[index] = not bool(v)
+    elif out.dtype.is_floating_point if isinstance(out, torch.Tensor) else out.dtype.kind == "f":
+        out[index] = -v - 1  # differs from v even where -v rounds back (v = 0 gives -1)
+    else:
+        out[index] = v ^ 1
+    return out
+
+
+@SETTINGS
+@given(case=even_cases())
+def test_hosts_that_share_a_block_must_pass_its_values(case):
+    """Oracle: torch_xla's index map. Devices with the same ranges hold the same block; where
+    hosts h1 < h2 own such devices, host h2's copy of the block's first element is changed:
+    the call must raise naming host h2's tree, the pair and that element's global index. With
+    the true blocks (the round-trip test) it must not raise."""
+    mesh, spec, shape, hosts, dtype, as_numpy, seed = case
+    G = _values(dtype, shape, seed)
+    xla_map = {d: ranges for d, (ranges, _) in torch_xla_placement(G, mesh, spec).items()}
+    owner = [d // (8 // hosts) for d in range(8)]
+    segments = host_segments(xla_map, owner, len(shape))
+    assume(layout_is_uniform(segments, len(shape)))
+    owners_of: dict = {}
+    for d, ranges in xla_map.items():
+        owners_of.setdefault(ranges, set()).add(owner[d])
+    shared = sorted((r, sorted(o)) for r, o in owners_of.items() if len(o) > 1)
+    event("a block with several owners" if shared else "every block has one owner")
+    assume(shared)
+    ranges, owners = shared[0]
+    first, host = owners[0], owners[-1]
+    local = tuple(  # where the block's first element sits in host's block
+        sum(b - a for a, b in segments[host][i] if b <= r[0]) for i, r in enumerate(ranges)
+    )
+    blocks = [_block(G, segments[h]) for h in range(hosts)]
+    if as_numpy:
+        blocks = [b.numpy() for b in blocks]
+    blocks[host] = _changed(blocks[host], local)
+    where = tuple(r[0] for r in ranges)
+    with virtual_hosts(hosts), mesh:
+        with pytest.raises(
+            ts.ShardingError,
+            match=re.escape(f"per_host_arrays[{host}]: hosts {first} and {host} supply the same ")
+            + ".*"
+            + re.escape(f"at global index {where} host {first} has "),
+        ):
+            host_to_global_array_per_host(blocks, partition=spec)
 
 
 @st.composite

@@ -137,7 +137,12 @@ CASES = {
     "unsupported partition": (
         lambda: ts.host_to_global_array({"x": np.zeros(8)}, partition="data"),
         ts.UnsupportedPartitionError,
-        "Unsupported partition: data",
+        (
+            "partition: Unsupported partition: data (of type str); expected a PartitionSpec "
+            "(e.g. P('data')), a DataPartitionType, None (replicated), or a tree prefix of the "
+            "data (dicts, lists, tuples, namedtuples, dataclasses) whose leaves are those. To "
+            "split dim 0 over the mesh axis 'data', write P('data')."
+        ),
     ),
 }
 

@@ -492,16 +492,17 @@ def test_spmd_every_other_process(num_hosts, divisor):
                 np.random.default_rng(i).uniform(size=local_shape).astype(np.float32)
                 for i in range(feeds)
             ]
-            batch = {"x": arrays[index][None], "idx": np.array([index])}
+            # axlearn's test passes arrays[index][None] (dim 0 of size 1, not the feed's batch
+            # size); SpmdInputDispatcher refuses batches of another size, so each host passes
+            # its feed's rows, tagged with the feed index.
+            batch = {"x": arrays[index], "idx": np.full(d.feed_logical_batch_size, index)}
             per_host.append(d.logical_to_physical_batch(batch))
         assert (feeds, index) == (1, 0)
         with virtual_hosts(num_hosts):
             g = host_to_global_array_per_host(per_host, partition=d.partition_spec)
-        stacked = ts.replicate_to_local_data(d.physical_to_logical_batch(g))
-        assert np.unique(stacked["idx"].numpy()).tolist() == list(range(feeds))
-        np.testing.assert_array_equal(
-            np.concatenate(arrays), np.concatenate(stacked["x"].numpy()[stacked["idx"].numpy()])
-        )
+        out = ts.replicate_to_local_data(d.physical_to_logical_batch(g))
+        assert np.unique(out["idx"].numpy()).tolist() == list(range(feeds))
+        np.testing.assert_array_equal(np.concatenate(arrays), out["x"].numpy())
 
 
 @pytest.mark.parametrize("num_hosts", [2, 4])

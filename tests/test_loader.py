@@ -423,7 +423,8 @@ def test_a_new_iter_starts_a_new_epoch_and_stops_the_old_thread(mesh42):
     first = iter(loader)
     assert ids(next(first)) == list(range(8))
     second = iter(loader)
-    assert next(first, None) is None  # the old epoch is closed
+    with pytest.raises(RuntimeError, match=re.escape("ended before batch 1 by a later iter()")):
+        next(first)  # the old epoch is closed, and says so instead of ending silently
     assert [i for b in second for i in ids(b)] == list(range(32))
     assert [i for b in loader for i in ids(b)] == list(range(32))
     assert no_loader_thread_left()

@@ -163,6 +163,11 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
         ``x`` itself when ``spec is None``, with no current mesh, or on a one-device mesh;
         otherwise a new tree.
 
+    Raises:
+        TypeError: (with or without a mesh) a ``spec`` that is not one spec: a dict or a
+            sequence holding ``PartitionSpec``s (a tree of specs: use
+            ``with_sharding_constraint``, which takes one), or malformed entries.
+
     Example (a hint for 3-D activations; a 2-D leaf it cannot apply to is left as it is):
         >>> from torchshard.testing import assert_sharded
         >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
@@ -176,16 +181,48 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
     """
     if spec is None:
         return x
+    spec = _single_spec(spec)  # checked with or without a mesh: a wrong spec is a bug anywhere
     mesh = _active_mesh()
     if mesh is None:
         return x
-    spec = as_partition_spec(spec)
     backend = get_backend(mesh)
     leaves, treespec = flatten(x)
     out = []
     for leaf in leaves:
         out.append(_maybe_annotate(backend, mesh, spec, leaf))
     return unflatten(treespec, out)
+
+
+def _single_spec(spec: Any) -> PartitionSpec:
+    """``maybe_shard``'s one spec: a ``PartitionSpec``, an axis name, or a tuple/list of
+    entries. Raises ``TypeError`` for anything else, in particular for what looks like a tree
+    of specs (a dict, or a sequence holding specs), which ``as_partition_spec`` would otherwise
+    read as entries (a dict's keys, a spec's axes)."""
+    if isinstance(spec, (PartitionSpec, str)):
+        return as_partition_spec(spec)
+    fix = (
+        "maybe_shard applies one spec to every leaf of x. For a spec per subtree, call "
+        "maybe_shard on each subtree, or use with_sharding_constraint(x, spec_tree), which "
+        "takes a tree prefix of x whose leaves are PartitionSpecs or None (and raises where a "
+        "spec cannot apply)."
+    )
+    if isinstance(spec, (tuple, list)):
+        inner = [i for i, e in enumerate(spec) if isinstance(e, PartitionSpec)]
+        if inner:
+            raise TypeError(
+                f"spec: expected one PartitionSpec (or a sequence of its entries: None, an axis "
+                f"name, a tuple of axis names), but got a {type(spec).__name__} whose entry "
+                f"{inner[0]} is the PartitionSpec {spec[inner[0]]!r}, which looks like a tree of "
+                f"specs. {fix}"
+            )
+        try:
+            return as_partition_spec(spec)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"spec: {e}") from None
+    raise TypeError(
+        f"spec: expected one PartitionSpec (or a sequence of its entries), but got "
+        f"{type(spec).__name__} {spec!r:.80}. {fix}"
+    )
 
 
 def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) -> Any:

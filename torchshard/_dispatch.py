@@ -193,11 +193,22 @@ def row_targets_to_indices(
         counts, n_bad = counts[:logical].cpu(), int(bad.sum().cpu())
         wrong = [int(i) for i in torch.nonzero(counts != 1).reshape(-1)]
         if n_bad or wrong:
+            twice = [i for i in wrong if counts[i] > 1]
+            hint = ""
+            if twice:
+                rows = torch.nonzero(targets.cpu() == twice[0]).reshape(-1).tolist()
+                hint = (
+                    f" Logical index {twice[0]} is at physical rows {rows[:8]}: the feeds whose "
+                    "blocks hold those rows claim the same logical rows, as two hosts whose "
+                    "InputDispatchers have the same physical_feed_index do. Give each host its "
+                    "own physical_feed_index in [0, num_physical_feeds) (the default, "
+                    "process_index(), does)."
+                )
             raise ShardingError(
                 f"{where}: row targets must name every logical index in [0, {logical}) exactly "
                 f"once (-1 for padding); {n_bad} targets are out of range and logical indices "
                 f"{wrong[:8]}{' ...' if len(wrong) > 8 else ''} appear "
-                f"{[int(counts[i]) for i in wrong[:8]]} times."
+                f"{[int(counts[i]) for i in wrong[:8]]} times.{hint}"
             )
     index = torch.zeros(logical + 1, dtype=torch.int64, device=targets.device)
     return index.scatter(0, slots, rows)[:logical]

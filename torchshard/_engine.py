@@ -37,7 +37,7 @@ from torchshard._core.agreement import describe
 from torchshard._core.errors import ShardingError, TreeStructureError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to_spec
-from torchshard._core.plan import HostPlan, plan_from_local
+from torchshard._core.plan import HostPlan, SharedBlock, plan_from_local, shared_blocks
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.topology import Topology
@@ -45,6 +45,7 @@ from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatte
 from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor
 
 _REPLICATED = PartitionSpec()
+_STRIDED = torch.strided
 SUPPORTED = frozenset(SUPPORTED_DTYPES)
 MakeGlobal = Callable[[list[torch.Tensor]], torch.Tensor]
 
@@ -160,6 +161,9 @@ class CallPlan(NamedTuple):
     placers: list[Callable[[torch.Tensor], torch.Tensor]] | None = None
     """With ``makers``, on one host: per leaf, the host tensor -> its global tensor (the views
     cut and handed to the maker in one step)."""
+    shared: tuple[tuple[int, PartitionSpec, tuple[SharedBlock, ...]], ...] = ()
+    """With several hosts' trees: ``(leaf, spec, blocks)`` for each leaf some of whose blocks
+    more than one host supplies; ``place`` compares those hosts' values before anything moves."""
 
 
 # The plans of earlier calls (see ``_key``); cleared when it grows past the bound. Reads and
@@ -173,8 +177,9 @@ _LAST: list[tuple[tuple[Any, ...], CallPlan] | None] = [None]
 
 def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | None:
     """What a call's plans depend on, or ``None`` when the call is not cached (a partition
-    given as a tree of specs, a leaf that is not a CPU tensor or a numpy array). The leaf's
-    type is part of the key: a tensor that needs no conversion is used as it is on a hit."""
+    given as a tree of specs, a leaf that is not a CPU tensor or a numpy array, a tensor that
+    is sparse, named, needs grad or has an unsupported dtype). The leaf's type is part of the
+    key: a tensor that needs no conversion is used as it is on a hit."""
     partition = call.partition
     if not (
         partition is DEFAULT_PARTITION
@@ -190,7 +195,13 @@ def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | No
         for x in leaves:
             cls = type(x)
             if cls is torch.Tensor:
-                if not x.is_cpu or x.requires_grad or x.dtype not in SUPPORTED:
+                if (
+                    not x.is_cpu
+                    or x.requires_grad
+                    or x.dtype not in SUPPORTED
+                    or x.layout is not _STRIDED
+                    or x.has_names()
+                ):
                     return None
                 sig.append((x.shape, x.dtype))
             elif cls is np.ndarray:
@@ -278,7 +289,11 @@ def _plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostCall) -> C
             raise type(e)(at(paths[i], str(e))) from None
         plans.append(p)
     slot = {h: k for k, h in enumerate(topology.data_hosts)}
-    return CallPlan(plans, None, slot)
+    shared: tuple[tuple[int, PartitionSpec, tuple[SharedBlock, ...]], ...] = ()
+    if len(slot) > 1:  # virtual hosts: one process supplies the blocks hosts may share
+        found = ((i, specs[i], shared_blocks(mesh, p)) for i, p in enumerate(plans))
+        shared = tuple(entry for entry in found if entry[2])
+    return CallPlan(plans, None, slot, shared=shared)
 
 
 def spec_tree_of(partition: Any) -> tuple[Any, bool]:
@@ -334,7 +349,14 @@ def _check_local_owner(topology: Topology, devices: tuple[int, ...]) -> None:
 
 def _host_tensor(x: Any, paths: LazyPaths, i: int) -> torch.Tensor:
     """Leaf ``i`` as a CPU tensor (its path is computed only for an error)."""
-    if type(x) is torch.Tensor and x.is_cpu and not x.requires_grad and x.dtype in SUPPORTED:
+    if (
+        type(x) is torch.Tensor
+        and x.is_cpu
+        and not x.requires_grad
+        and x.dtype in SUPPORTED
+        and x.layout is _STRIDED
+        and not x.has_names()
+    ):
         return x
     return as_host_tensor(x, paths[i])
 
@@ -462,6 +484,8 @@ def place(
         return call.treespecs[0].unflatten(out)
     if hosts is None:  # a cached plan: the key says these leaves need no checks
         hosts = host_tensors(call)
+    if planned.shared:
+        check_shared_values(call, planned, hosts)
     per_leaf = [list(t) for t in zip(*hosts, strict=True)]
     if any(p is None for p in planned.plans):  # leaves already global (never cached)
         out = [
@@ -487,6 +511,53 @@ def place(
             for per, p in zip(per_leaf, planned.plans, strict=True)
         ]
     return unflatten(call.treespec, out)
+
+
+def check_shared_values(call: HostCall, planned: CallPlan, hosts: list[list[torch.Tensor]]) -> None:
+    """Raises ``ShardingError`` naming the leaf's path when hosts that supply the same block
+    (``CallPlan.shared``) pass different values for it: each replica of the block would hold
+    another host's values. Compares only the blocks hosts share."""
+    slot = planned.slot
+    for i, spec, blocks in planned.shared:
+        for block in blocks:
+            (first, first_cuts, first_devices), *others = block.owners
+            ref = _narrowed(hosts[slot[first]][i], first_cuts)
+            for owner, cuts, devices in others:
+                got = _narrowed(hosts[slot[owner]][i], cuts)
+                diff = _differ(ref, got)
+                if diff is None:
+                    continue
+                at_ = tuple(r[0] + j for r, j in zip(block.ranges, diff, strict=True))
+                rng = ", ".join(f"{a}:{b}" for a, b in block.ranges)
+                raise ShardingError(
+                    f"{call.paths[slot[owner]][i]}: hosts {first} and {owner} supply the same "
+                    f"block [{rng}] of this leaf under {spec!r} (devices {list(first_devices)} "
+                    f"take host {first}'s values, devices {list(devices)} host {owner}'s), so "
+                    "they must pass equal values for it, but they differ: at global index "
+                    f"{at_} host {first} has {ref[diff].item()!r} and host {owner} has "
+                    f"{got[diff].item()!r}. Pass the same values on every host that shares a "
+                    "block (every host, for a replicated leaf), or use a spec under which each "
+                    "host feeds its own rows (e.g. torchshard.input_partition_spec())."
+                )
+
+
+def _narrowed(t: torch.Tensor, cuts: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+    for dim, start, length in cuts:
+        t = t.narrow(dim, start, length)
+    return t
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:
+    """The first index at which ``a`` and ``b`` differ (NaN equals NaN), or ``None``."""
+    if torch.equal(a, b):
+        return None
+    unequal = a != b
+    if a.is_floating_point():
+        unequal &= ~(a.isnan() & b.isnan())
+    where = unequal.nonzero()
+    if where.shape[0] == 0:
+        return None
+    return tuple(int(j) for j in where[0])
 
 
 def to_global(

@@ -45,6 +45,13 @@ _NP_SUPPORTED = frozenset(
 )
 
 
+MASKED_ARRAY = (
+    "expected a plain numpy array, but got a numpy masked array, whose mask would be lost "
+    "(only its data would move). Pass x.filled(fill_value), and the mask as a leaf of its own "
+    "(np.ma.getmaskarray(x)) if the step needs it."
+)
+
+
 def _dtype_names() -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
@@ -62,7 +69,19 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
             raise TypeError(
                 f"{where}: dtype {x.dtype} is not supported; expected one of {_dtype_names()}."
             )
+        if x.layout is not torch.strided:
+            raise TypeError(
+                f"{where}: expected a dense (strided) tensor, but got a tensor of layout "
+                f"{x.layout}; global tensors are dense: pass x.to_dense()."
+            )
+        if x.has_names():
+            raise TypeError(
+                f"{where}: expected a tensor without dimension names, but got one named "
+                f"{x.names}; named tensors are not supported: pass x.rename(None)."
+            )
         return x.detach() if x.requires_grad else x
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{where}: {MASKED_ARRAY}")
     if isinstance(x, (np.ndarray, np.generic)):
         arr = np.asarray(x)
         if arr.dtype.newbyteorder("=") not in _NP_SUPPORTED:
@@ -84,7 +103,11 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
 
 
 def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:
-    """The shape and dtype of an array-like spec leaf (``TensorSpec`` or ``.shape``/``.dtype``)."""
+    """The shape and dtype of an array-like spec leaf (``TensorSpec`` or ``.shape``/``.dtype``).
+
+    Raises ``TypeError`` naming ``where`` unless the shape is a sequence of ints (fractional
+    sizes are not truncated) and the dtype a dtype; ``ValueError`` for a negative size.
+    """
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
     if shape is None or dtype is None:
@@ -92,4 +115,49 @@ def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:
             f"{where}: expected a TensorSpec or an object with .shape and .dtype, but got "
             f"{type(x).__name__}."
         )
-    return tuple(int(n) for n in shape), dtype
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(
+            f"{where}: expected .shape to be a sequence of ints, but got {shape!r} of type "
+            f"{type(shape).__name__}."
+        ) from None
+    for i, n in enumerate(dims):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(
+                f"{where}: every size of a shape must be an int, but dim {i} of {dims!r} is "
+                f"{n!r} of type {type(n).__name__}; sizes count elements (nothing is rounded)."
+            )
+        if n < 0:
+            raise ValueError(
+                f"{where}: every size of a shape must be >= 0, but dim {i} of {dims!r} is {n}."
+            )
+    if not is_dtype(dtype):
+        raise TypeError(
+            f"{where}: expected a dtype (a torch.dtype, a numpy dtype or a numpy scalar type), "
+            f"but got {dtype!r} of type {type(dtype).__name__}; write e.g. torch.float32 or "
+            "np.dtype('float32')."
+        )
+    return tuple(int(n) for n in dims), dtype
+
+
+def is_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a torch dtype, a numpy dtype or a numpy scalar type."""
+    return isinstance(dtype, (torch.dtype, np.dtype)) or (
+        isinstance(dtype, type) and issubclass(dtype, np.generic)
+    )
+
+
+def check_supported_dtype(dtype: Any, where: str) -> None:
+    """Raises ``TypeError`` naming ``where`` unless ``host_to_global_array`` takes ``dtype``
+    (a dtype, as ``shape_dtype`` checks)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _SUPPORTED:
+            raise TypeError(
+                f"{where}: dtype {dtype} is not supported; expected one of {_dtype_names()}."
+            )
+    elif np.dtype(dtype).newbyteorder("=") not in _NP_SUPPORTED:
+        raise TypeError(
+            f"{where}: numpy dtype {np.dtype(dtype)} is not supported; expected one of "
+            f"{_dtype_names()} (bfloat16 as a torch.Tensor)."
+        )

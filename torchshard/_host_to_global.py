@@ -23,7 +23,7 @@ from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import current_topology
 from torchshard._core.tree import flatten, paths, unflatten
 from torchshard._engine import HostCall, check_full_batch, spec_tree_of, specs_for, to_global
-from torchshard._host_data import shape_dtype
+from torchshard._host_data import check_supported_dtype, shape_dtype
 
 
 def warn_partition_type(partition: Any, *, stacklevel: int) -> None:
@@ -138,6 +138,8 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
     leaves, treespec = flatten(host_specs, is_leaf=_has_shape_and_dtype)
     where = paths(treespec, "host_specs")
     shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
+    for (_, dtype), path in zip(shapes_dtypes, where, strict=True):
+        check_supported_dtype(dtype, path)
     as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
     specs = specs_for(spec_tree, as_specs, len(leaves), "host_specs")
     if full:

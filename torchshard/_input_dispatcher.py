@@ -40,7 +40,7 @@ from torchshard._dispatch import (
     onehot_to_indices,
     row_targets_to_indices,
 )
-from torchshard._host_data import shape_dtype
+from torchshard._host_data import MASKED_ARRAY, as_host_tensor, shape_dtype
 
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
@@ -59,6 +59,10 @@ def _host_leaf(x: Any, where: str) -> None:
                 f"{where}: logical_to_physical_batch runs on the host; expected a numpy array or "
                 f"a CPU tensor, but got a tensor on {x.device}."
             )
+        if x.layout is not torch.strided or x.has_names():
+            as_host_tensor(x, where)  # raises: sparse and named tensors are not host arrays
+    elif isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{where}: {MASKED_ARRAY}")
     elif not isinstance(x, (np.ndarray, np.generic)):
         raise TypeError(
             f"{where}: expected a numpy array or a CPU torch.Tensor, but got {type(x).__name__}."
@@ -166,6 +170,7 @@ class InputDispatcher:
         self._feeds = feeds
         self._index = index
         self._indices = indices
+        self._verified = False  # physical_to_logical_batch verified a key (check=None)
 
         if logical % self.num_logical_feeds:
             raise ValueError(
@@ -378,7 +383,7 @@ class InputDispatcher:
 
     # -- in step --------------------------------------------------------------------------
     def physical_to_logical_batch(
-        self, global_physical_batch: Any, /, *, check: bool = False
+        self, global_physical_batch: Any, /, *, check: bool | None = None
     ) -> Any:
         """The global logical batch: every dict holding the dispatch key (the root, for
         batches from ``logical_to_physical_batch``) loses it, and its other leaves keep the
@@ -390,20 +395,28 @@ class InputDispatcher:
 
         Args:
             global_physical_batch: the assembled physical batch.
-            check: verify the key (each logical index once; one-hot columns). Syncs.
+            check: verify the key (each logical index once; one-hot columns), which reads it
+                back (a sync). ``True``: every call; ``False``: never; ``None`` (default): the
+                first call that carries a key, after which this dispatcher trusts its keys.
+                That first check catches what a wrong configuration gives on every step: two
+                feeds whose dispatchers claim the same ``physical_feed_index`` fill the same
+                logical rows and leave others out.
 
         Raises:
             ShardingError: (a ``ValueError``) naming the path: no dispatch key although one
-                is expected, a key or leaf of the wrong shape, (``check``) a bad key.
+                is expected, a key or leaf of the wrong shape, (when checked) a bad key.
         """
         mesh = current_mesh()
         out_spec = None if mesh is None else PartitionSpec(mesh.axis_names)
+        verify = (not self._verified) if check is None else check
         out, found = dispatch_dicts(
             global_physical_batch,
             argname="global_physical_batch",
-            to_indices=self._key_to_indices(check),
+            to_indices=self._key_to_indices(verify),
             out_spec=out_spec,
         )
+        if found and verify:
+            self._verified = True
         if not found and not self.is_identity:
             raise ShardingError(
                 f"global_physical_batch: expected the dispatch key {_KEY!r} (added by "

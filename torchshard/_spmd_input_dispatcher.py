@@ -106,17 +106,54 @@ class SpmdInputDispatcher:
         return {"num_shards": self._count, "shard_index": self._index}
 
     def logical_to_physical_batch(self, logical_feed_batch: Any, /) -> Any:
-        """The batch itself (new containers, same leaves)."""
+        """The batch itself (new containers, same leaves), once every leaf's dim 0 is checked
+        to be ``feed_logical_batch_size``.
+
+        Raises:
+            ShardingError: (a ``ValueError``) naming the leaf whose dim 0 is another size (the
+                global batch would then not be ``global_logical_batch_size`` examples).
+            TypeError: a leaf without a shape.
+        """
         leaves, treespec = flatten(logical_feed_batch)
+        where = LazyPaths(treespec, "logical_feed_batch")
+        for i, leaf in enumerate(leaves):
+            self._check_rows(leaf, self.feed_logical_batch_size, where[i], "feed's")
         return unflatten(treespec, leaves)
 
     def physical_to_logical_batch(self, global_physical_batch: Any, /) -> Any:
-        """The batch itself (new containers, same leaves)."""
+        """The batch itself (new containers, same leaves), once every leaf's dim 0 is checked
+        to be ``global_logical_batch_size`` (shapes only: nothing syncs).
+
+        Raises:
+            ShardingError: (a ``ValueError``) naming the leaf whose dim 0 is another size.
+        """
         leaves, treespec = flatten(global_physical_batch)
+        where = LazyPaths(treespec, "global_physical_batch")
+        for i, leaf in enumerate(leaves):
+            self._check_rows(leaf, self._logical, where[i], "global")
         return unflatten(treespec, leaves)
 
+    def _check_rows(self, leaf: Any, expected: int, where: str, which: str) -> None:
+        shape = getattr(leaf, "shape", None)
+        if shape is None:
+            raise TypeError(
+                f"{where}: expected an array or tensor (a batch along dim 0), but got "
+                f"{type(leaf).__name__}."
+            )
+        shape = tuple(shape)
+        if not shape or shape[0] != expected:
+            found = "a scalar" if not shape else f"dim 0 of size {shape[0]}"
+            raise ShardingError(
+                f"{where}: dim 0 of every leaf is the {which} batch of this "
+                f"SpmdInputDispatcher(global_logical_batch_size={self._logical}) over "
+                f"{self._count} feeds; expected {expected}, got {found} (shape {shape}). Batch "
+                f"feed_logical_batch_size={self.feed_logical_batch_size} examples per feed, or "
+                "make the dispatcher with the batch size the data has."
+            )
+
     def logical_to_physical_shapes(self, logical_feed_shapes: Any, /) -> Any:
-        """``TensorSpec``s of the same shapes; every leaf must have rank >= 1."""
+        """``TensorSpec``s of the same shapes; every leaf's dim 0 must be
+        ``feed_logical_batch_size``."""
         leaves, treespec = flatten(logical_feed_shapes)
         where = LazyPaths(treespec, "logical_feed_shapes")
         out = []
@@ -126,5 +163,8 @@ class SpmdInputDispatcher:
                 raise ShardingError(
                     f"{where[i]}: expected a batch of rank >= 1, but got a scalar spec."
                 )
+            self._check_rows(
+                TensorSpec(shape, dtype), self.feed_logical_batch_size, where[i], "feed's"
+            )
             out.append(TensorSpec(shape, dtype))
         return unflatten(treespec, out)

@@ -11,7 +11,7 @@ import optree
 from torchshard._core.errors import ShardingError, UnsupportedPartitionError
 from torchshard._core.mesh import Mesh, require_mesh
 from torchshard._core.spec import DataPartitionType, PartitionSpec
-from torchshard._core.tree import broadcast_prefix, flatten, unflatten
+from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
 
 BATCH_AXES = ("data", "fsdp")
 SEQ_AXES = ("seq",)
@@ -54,7 +54,28 @@ def _is_partition_leaf(x: Any) -> bool:
     return isinstance(x, (PartitionSpec, DataPartitionType))
 
 
-def _one(partition: Any) -> PartitionSpec | None:
+_ACCEPTED = (
+    "a PartitionSpec (e.g. P('data')), a DataPartitionType, None (replicated), or a tree prefix "
+    "of the data (dicts, lists, tuples, namedtuples, dataclasses) whose leaves are those"
+)
+
+
+def unsupported_partition(value: Any, where: str = "partition") -> UnsupportedPartitionError:
+    """The error for a ``partition`` (or a leaf of a partition tree, at ``where``) that is none
+    of the accepted forms: it lists them and, for a string, says how to write what it meant."""
+    fix = ""
+    if isinstance(value, str):
+        fix = f" To split dim 0 over the mesh axis {value!r}, write P({value!r})."
+        kinds = {t.value: t for t in DataPartitionType}
+        if value.lower() in kinds:
+            fix += f" For the partition type, write DataPartitionType.{kinds[value.lower()].name}."
+    return UnsupportedPartitionError(
+        f"{where}: Unsupported partition: {value} (of type {type(value).__name__}); expected "
+        f"{_ACCEPTED}.{fix}"
+    )
+
+
+def _one(partition: Any, where: str = "partition") -> PartitionSpec | None:
     if partition is None or isinstance(partition, PartitionSpec):
         return partition
     if partition is DataPartitionType.FULL:
@@ -63,7 +84,7 @@ def _one(partition: Any) -> PartitionSpec | None:
         return PartitionSpec(None)
     if partition is DataPartitionType.BATCH:
         return _batch_spec(require_mesh("data_partition_type_to_spec(BATCH)"))
-    raise UnsupportedPartitionError(f"Unsupported partition: {partition}")
+    raise unsupported_partition(partition, where)
 
 
 def data_partition_type_to_spec(partition: Any) -> Any:
@@ -87,9 +108,10 @@ def data_partition_type_to_spec(partition: Any) -> Any:
     if _is_partition_leaf(partition) or partition is None:
         return _one(partition)
     if not _is_tree_node(partition):
-        raise UnsupportedPartitionError(f"Unsupported partition: {partition}")
+        raise unsupported_partition(partition)
     leaves, treespec = flatten(partition, is_leaf=_is_partition_leaf)
-    return unflatten(treespec, [_one(x) for x in leaves])
+    where = LazyPaths(treespec, "partition")
+    return unflatten(treespec, [_one(x, where[i]) for i, x in enumerate(leaves)])
 
 
 def _is_tree_node(x: Any) -> bool:

@@ -24,6 +24,7 @@ from torchshard._core.sharding import (
     dim_axes,
     dim_feeds,
     shard_counts,
+    shard_range,
 )
 from torchshard._core.spec import PartitionSpec
 
@@ -186,6 +187,45 @@ def plan_from_local(
                 cuts.append((dim, held.index(j) * chunk, chunk))
         pieces.append(DevicePiece(d, owner, tuple(cuts)))
     return HostPlan(axes, global_shape, local_shape, tuple(pieces))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedBlock:
+    """A block of a leaf's global array that several hosts supply (a replicated leaf, or a
+    mesh on which hosts' devices hold the same shards): their values for it must be equal.
+
+    ``ranges``: the block's global ``[start, stop)`` per dimension. ``owners``: per host that
+    supplies it (ascending), ``(host, cuts, devices)``: the cuts of its local array that give
+    the block (as ``DevicePiece.cuts``) and the planned devices that receive its copy.
+    """
+
+    ranges: tuple[tuple[int, int], ...]
+    owners: tuple[tuple[int, tuple[Cut, ...], tuple[int, ...]], ...]
+
+
+def shared_blocks(mesh: Mesh, plan: HostPlan) -> tuple[SharedBlock, ...]:
+    """The blocks of ``plan`` that more than one host supplies (empty when each block has one
+    owner, as when every host feeds its own rows). Devices with equal shard numbers along
+    every dimension hold the same block; pieces of such devices with different owners must
+    carry equal values, or the replicas of one block disagree."""
+    numbers = device_shard_numbers(mesh, plan.axes)
+    counts = shard_counts(mesh, plan.axes)
+    groups: dict[tuple[int, ...], dict[int, list[DevicePiece]]] = {}
+    for piece in plan.pieces:
+        groups.setdefault(numbers[piece.device], {}).setdefault(piece.owner, []).append(piece)
+    out = []
+    for js, by_owner in groups.items():
+        if len(by_owner) < 2:
+            continue
+        ranges = tuple(
+            shard_range(n, k, j) for n, k, j in zip(plan.global_shape, counts, js, strict=True)
+        )
+        owners = tuple(
+            (owner, pieces[0].cuts, tuple(p.device for p in pieces))
+            for owner, pieces in sorted(by_owner.items())
+        )
+        out.append(SharedBlock(ranges, owners))
+    return tuple(out)
 
 
 def block_offsets(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any
 
 from torchshard._core.sharding import NamedSharding
@@ -24,4 +25,31 @@ class TensorSpec:
     sharding: NamedSharding | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        try:
+            dims = tuple(self.shape)
+        except TypeError:
+            raise TypeError(
+                f"TensorSpec: shape must be a sequence of ints, but got {self.shape!r}."
+            ) from None
+        for i, n in enumerate(dims):
+            size = None if isinstance(n, bool) else _as_size(n)  # never a rounded float
+            if size is None:
+                raise TypeError(
+                    f"TensorSpec: every size of shape must be an int, but dim {i} of {dims!r} is "
+                    f"{n!r} of type {type(n).__name__}; sizes count elements (nothing is "
+                    "rounded)."
+                )
+            if size < 0:
+                raise ValueError(
+                    f"TensorSpec: every size of shape must be >= 0, but dim {i} of {dims!r} is "
+                    f"{size}."
+                )
+        object.__setattr__(self, "shape", tuple(operator.index(n) for n in dims))
+
+
+def _as_size(n: Any) -> int | None:
+    """``n`` as an int when it is one (a Python or numpy integer), else ``None``."""
+    try:
+        return operator.index(n)
+    except TypeError:
+        return None

@@ -52,6 +52,7 @@ class Epoch(Iterator[Any]):
         self._producer: Producer | None = producer
         self._prefetcher: Prefetcher[Any] | None = None
         self._closed = False
+        self._ended_by: str | None = None  # what ended it mid-epoch (``end``), for next()
         if prefetch:
             mesh, first = producer.mesh, producer.first
             producer.background = True
@@ -71,6 +72,14 @@ class Epoch(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._closed:
+            if self._ended_by is not None:
+                raise RuntimeError(
+                    f"GlobalBatchLoader: this iterator was ended before batch {self._next} by "
+                    f"{self._ended_by} on the same loader; a loader runs one epoch at a time, "
+                    "and each iter() starts a new one (the source's position moves with it). "
+                    "Use the newest iterator, or make a second GlobalBatchLoader for a second "
+                    "stream."
+                )
             raise StopIteration
         t0 = time.perf_counter()
         try:
@@ -140,6 +149,14 @@ class Epoch(Iterator[Any]):
             except Exception as e:
                 e.add_note(f"(raised by GlobalBatchLoader at batch {self._next})")
                 raise
+
+    def end(self, by: str) -> None:
+        """Closes the epoch because of ``by`` (``"a later iter()"``): unless it had already
+        ended, its next ``next()`` raises ``RuntimeError`` naming ``by`` instead of ending the
+        epoch silently mid-way."""
+        if not self._closed:
+            self._ended_by = by
+        self.close()
 
     def close(self) -> None:
         """Stops the background thread and frees queued batches (idempotent)."""

@@ -142,8 +142,12 @@ class GlobalBatchLoader(Iterable[Any]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Starts an epoch (closing the previous one): a new iterator over the source."""
-        self._close_epoch()
+        """Starts an epoch: a new iterator over the source.
+
+        A loader runs one epoch at a time: an earlier epoch's iterator still in progress is
+        ended here, and using it again raises ``RuntimeError`` (it does not end silently, nor
+        share the source with the new one)."""
+        self._close_epoch(by="a later iter()")
         mesh = self._mesh or current_mesh()
         if mesh is None:
             raise NoMeshError(
@@ -190,10 +194,15 @@ class GlobalBatchLoader(Iterable[Any]):
                 "use torchshard.testing.global_batch_loader_per_host with one source per host."
             )
 
-    def _close_epoch(self) -> None:
+    def _close_epoch(self, by: str | None = None) -> None:
+        """Closes the current epoch; ``by``: what ends it, so that its iterator, if used again,
+        raises naming it (``None``: ``close()``, after which it just stops)."""
         epoch = self._epoch() if self._epoch is not None else None
         if epoch is not None:
-            epoch.close()
+            if by is None:
+                epoch.close()
+            else:
+                epoch.end(by)
 
     def close(self) -> None:
         """Stops the current epoch's thread and frees its queued batches (idempotent)."""
@@ -239,27 +248,86 @@ class GlobalBatchLoader(Iterable[Any]):
         return {self._key(): value, "next_batch": self._cursor.next_batch}
 
     def load_state_dict(self, state_dict: dict[str, Any], /) -> None:
-        """Restores a position from ``state_dict()``; the next ``iter()`` resumes there."""
+        """Restores a position from ``state_dict()``; the next ``iter()`` resumes there.
+
+        Everything is checked before anything changes: the keys, ``next_batch`` (an int >= 0),
+        one state per source, and each source state against the source's own (a dict state
+        must have the keys the source's ``state_dict()`` has: a state saved from another kind
+        of source, or from a ``StatefulDataLoader`` with another ``num_workers``, is refused).
+        An epoch in progress is ended: its iterator, if used again, raises ``RuntimeError``.
+
+        Raises:
+            ValueError: wrong keys, a negative ``next_batch``, another number of sources, a
+                source state that is not this source's kind.
+            TypeError: a ``state_dict`` that is not a dict, a ``next_batch`` that is not an int.
+        """
         self._require_stateful("load_state_dict")
         key = self._key()
         expected = {key, "next_batch"}
         if not isinstance(state_dict, dict) or set(state_dict) != expected:
             got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(
+            hint = ""
+            other = "sources" if key == "source" else "source"
+            if isinstance(state_dict, dict) and set(state_dict) == {other, "next_batch"}:
+                kind = "one source per host" if other == "sources" else "one source"
+                hint = (
+                    f" It is the state of a loader with {kind}; this loader has "
+                    f"{len(self._sources)}."
+                )
+            elif isinstance(state_dict, dict) and not {"next_batch", key, other} & set(state_dict):
+                hint = (
+                    " Pass what GlobalBatchLoader.state_dict() returned, not the source's own "
+                    "state."
+                )
+            error = ValueError if isinstance(state_dict, dict) else TypeError
+            raise error(
                 f"state_dict: expected a dict with keys {sorted(expected)} (from "
-                f"GlobalBatchLoader.state_dict()), but got {got}."
+                f"GlobalBatchLoader.state_dict()), but got {got}.{hint}"
             )
-        states = [state_dict[key]] if key == "source" else list(state_dict[key])
+        next_batch = state_dict["next_batch"]
+        if isinstance(next_batch, bool) or not isinstance(next_batch, int):
+            raise TypeError(
+                "state_dict['next_batch']: expected an int (the index of the next batch of the "
+                f"epoch, >= 0), but got {next_batch!r} of type {type(next_batch).__name__}."
+            )
+        if next_batch < 0:
+            raise ValueError(
+                "state_dict['next_batch']: expected the index of the next batch of the epoch, "
+                f">= 0, but got {next_batch}."
+            )
+        value = state_dict[key]
+        if key == "sources" and not isinstance(value, (list, tuple)):
+            raise TypeError(
+                "state_dict['sources']: expected a list with one state per source "
+                f"({len(self._sources)}), but got {type(value).__name__}."
+            )
+        states = [value] if key == "source" else list(value)
         if len(states) != len(self._sources):
             raise ValueError(
                 f"state_dict['sources']: expected one state per source ({len(self._sources)}), "
                 f"but got {len(states)}."
             )
-        self._close_epoch()
-        for source, state in zip(self._sources, states, strict=True):
-            source.load_state_dict(state)
-        self._resume_at = int(state_dict["next_batch"])
-        self._cursor = Cursor(states, self._resume_at)
+        # What each source's state looks like: the consumer's last snapshot (a source that an
+        # epoch's thread is reading is not asked from this thread), else the source's own.
+        current = self._cursor.snapshot
+        if current is None:
+            current = [s.state_dict() for s in self._sources]
+        for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
+            where = "state_dict['source']" if key == "source" else f"state_dict['sources'][{h}]"
+            _check_source_state(source, current[h], state, where)
+        self._close_epoch(by="load_state_dict()")
+        for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
+            try:
+                source.load_state_dict(state)
+            except Exception as e:
+                where = "state_dict['source']" if key == "source" else f"state_dict['sources'][{h}]"
+                e.add_note(
+                    f"(raised by {type(source).__name__}.load_state_dict, given {where}, in "
+                    "GlobalBatchLoader.load_state_dict)"
+                )
+                raise
+        self._resume_at = next_batch
+        self._cursor = Cursor(states, next_batch)
 
     def _require_stateful(self, method: str) -> None:
         for s in self._sources:
@@ -269,6 +337,26 @@ class GlobalBatchLoader(Iterable[Any]):
                     "state_dict()/load_state_dict(); use torchdata.stateful_dataloader."
                     "StatefulDataLoader to checkpoint the input position."
                 )
+
+
+def _check_source_state(source: Any, current: Any, state: Any, where: str) -> None:
+    """When ``source``'s state (``current``) is a dict, ``state`` must be a dict with the same
+    keys (else it was saved from another kind of source): ``TypeError``/``ValueError`` naming
+    ``where``."""
+    if not isinstance(current, dict):
+        return
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"{where}: expected the state of this loader's source ({type(source).__name__}: a "
+            f"dict with keys {sorted(current)}), but got {type(state).__name__} {state!r:.60}."
+        )
+    if set(state) != set(current):
+        raise ValueError(
+            f"{where}: expected the state of this loader's source ({type(source).__name__}: a "
+            f"dict with keys {sorted(current)}), but got keys {sorted(state)}; it was saved "
+            "from another kind of source (or one configured otherwise, e.g. another "
+            "num_workers). Load the state that this loader's state_dict() saved."
+        )
 
 
 def per_host_loader(

@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from torchshard._backend import get_backend
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import current_mesh, require_mesh
@@ -36,6 +38,13 @@ def make_virtual_topology(num_devices: int, num_hosts: int, process_index: int =
         >>> make_virtual_topology(8, 2, 1).devices_of(1)
         (4, 5, 6, 7)
     """
+    for name, value in (("num_hosts", num_hosts), ("process_index", process_index)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"virtual_hosts: {name} must be an int, but got {value!r} of type "
+                f"{type(value).__name__}; pass {name}={_as_int_hint(value)}."
+            )
+    num_hosts, process_index = int(num_hosts), int(process_index)
     if num_hosts < 1 or num_devices % num_hosts:
         raise ValueError(
             f"virtual_hosts: num_hosts must be a positive divisor of the device count "
@@ -49,6 +58,14 @@ def make_virtual_topology(num_devices: int, num_hosts: int, process_index: int =
         virtual=True,
         data_hosts=tuple(range(num_hosts)),
     )
+
+
+def _as_int_hint(value: Any) -> str:
+    """``value`` written as an int for the error's fix (``"2"`` -> ``2``), else ``"<int>"``."""
+    try:
+        return str(int(value))
+    except (TypeError, ValueError):
+        return "<int>"
 
 
 def is_virtual() -> bool:
