@@ -291,7 +291,9 @@ def _plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostCall) -> C
     slot = {h: k for k, h in enumerate(topology.data_hosts)}
     shared: tuple[tuple[int, PartitionSpec, tuple[SharedBlock, ...]], ...] = ()
     if len(slot) > 1:  # virtual hosts: one process supplies the blocks hosts may share
-        found = ((i, specs[i], shared_blocks(mesh, p)) for i, p in enumerate(plans))
+        found = (  # leaves already global (no plan) are one tensor on every host
+            (i, specs[i], shared_blocks(mesh, p)) for i, p in enumerate(plans) if p is not None
+        )
         shared = tuple(entry for entry in found if entry[2])
     return CallPlan(plans, None, slot, shared=shared)
 
