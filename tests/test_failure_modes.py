@@ -23,7 +23,8 @@ from torchshard.testing import (
 
 KEY = ts.PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 DTYPES = (
-    "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, complex64, complex128"
+    "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, "
+    "complex64, complex128"
 )
 
 
@@ -262,8 +263,10 @@ class ShapeDtype:
         (
             ShapeDtype((8,), torch.float8_e4m3fn),
             TypeError,
-            f"host_specs['x']: dtype torch.float8_e4m3fn is not supported; "
-            f"expected one of {DTYPES}.",
+            (
+                "host_specs['x']: dtype torch.float8_e4m3fn is not supported; "
+                f"expected one of {DTYPES}."
+            ),
         ),
         (
             ShapeDtype((8,), np.dtype("U3")),
