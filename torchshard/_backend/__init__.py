@@ -198,10 +198,14 @@ class Backend(Protocol):
         only, so that no process fails alone and leaves the others waiting in a collective."""
         ...
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
         ``compares_processes`` is False): the collective behind ``agree``, for callers that
-        describe more than a call (a loader's batch outcome)."""
+        describe more than a call (a loader's batch outcome). ``what`` names the call: it is
+        compared too (processes in different calls are out of step), and a process that does
+        not answer within the default group's timeout makes a ``CollectiveError`` naming it."""
         ...
 
 

@@ -31,9 +31,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._backend import AgreementCall, LocalShard, register_backend
-from torchshard._core.agreement import agreement_check_enabled, digest, disagreement
-from torchshard._core.errors import NoProcessGroupError, ShardingError
+from torchshard._backend import AgreementCall, LocalShard, collective, register_backend
+from torchshard._backend.collective import guarded
+from torchshard._core.agreement import agreement_check_enabled, disagreement
+from torchshard._core.errors import NoProcessGroupError, ProcessDisagreementError, ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, check_device_process
 from torchshard._core.topology import Topology
@@ -94,38 +95,62 @@ def _device_type() -> str:
     return "cuda" if "nccl" in str(dist.get_backend()) else "cpu"
 
 
+def _exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
+    """Every process's ``items`` when they differ, ``None`` when they agree (the store-based
+    exchange of ``collective``; bounded by the default group's timeout). Processes that are in
+    different calls (``what`` differs: one skipped a call) all raise ``ProcessDisagreementError``.
+    """
+    every = collective.exchange(what, items)
+    if every is None:
+        return None
+    whats = [e[0] for e in every]
+    if len(set(whats)) > 1:
+        seen = "; ".join(f"rank {r}: {w}" for r, w in enumerate(whats))
+        raise ProcessDisagreementError(
+            f"{what}: the processes are out of step, each in another torchshard call ({seen}). "
+            "Every process must make the same torchshard calls in the same order (the same "
+            "host_to_global_array calls, the same loader batches, the same read-backs)."
+        )
+    return [e[1:] for e in every]
+
+
+def _build_rendezvous(mesh: Mesh) -> None:
+    """Before a ``DeviceMesh`` is built (collective: every rank must build it): every process
+    must be building this mesh; bounded by the default group's timeout, and the error names the
+    ranks that did not come. A mesh entered on one rank only fails here instead of hanging."""
+    _exchange(f"building the DeviceMesh of {mesh!r} (every process must enter it)", [])
+
+
+def _bound(dm: DeviceMesh) -> DeviceMesh:
+    """``dm`` with its groups' timeout set to the default group's (new_group's is 30 min)."""
+    if dist.get_world_size() > 1:
+        collective.bound_timeouts([dm.get_group(i) for i in range(dm.ndim)])
+    return dm
+
+
 class _Groups:
-    """Per default process group: the DeviceMeshes built for meshes without one, and the
-    gloo group of the agreement check (its own group, so that a loader thread's check never
-    interleaves with a step's collectives on the default group)."""
+    """Per default process group: the DeviceMeshes built for meshes without one."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.world: Any = None
         self.meshes: dict[Mesh, DeviceMesh] = {}
-        self.agreement: Any = None
 
     def _current(self) -> None:
         world = dist.group.WORLD
         if self.world is not world:
-            self.world, self.meshes, self.agreement = world, {}, None
+            self.world, self.meshes = world, {}
 
     def device_mesh(self, mesh: Mesh) -> DeviceMesh:
         with self.lock:
             self._current()
             dm = self.meshes.get(mesh)
             if dm is None:
+                _build_rendezvous(mesh)
                 ids = torch.as_tensor(np.asarray(mesh.devices))
-                dm = DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names)
+                dm = _bound(DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names))
                 self.meshes[mesh] = dm
             return dm
-
-    def agreement_group(self) -> Any:
-        with self.lock:
-            self._current()
-            if self.agreement is None:
-                self.agreement = dist.new_group(backend="gloo")
-            return self.agreement
 
 
 _GROUPS = _Groups()
@@ -174,12 +199,14 @@ def create_mesh(grid: np.ndarray, axis_names: Sequence[str]) -> Mesh:
     """A dtensor ``Mesh`` over the rank grid ``grid``, with its ``DeviceMesh`` (collective)."""
     require_process_group()
     names = tuple(axis_names)
-    _check_rank_order(Mesh(grid, names, backend="dtensor"))  # validates before any collective
+    mesh = Mesh(grid, names, backend="dtensor")
+    _check_rank_order(mesh)  # validates before any collective
+    _build_rendezvous(mesh)
     if np.array_equal(grid.reshape(-1), np.arange(grid.size)):
         dm = init_device_mesh(_device_type(), tuple(grid.shape), mesh_dim_names=names)
     else:
         dm = DeviceMesh(_device_type(), torch.as_tensor(grid), mesh_dim_names=names)
-    return mesh_from_device_mesh(dm)
+    return mesh_from_device_mesh(_bound(dm))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -326,6 +353,35 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+def _check_sizes(x: DTensor, what: str) -> None:
+    """Before a gather: every process must hold a DTensor of the same global shape, dtype,
+    placements and mesh, and its local block must be the one DTensor expects. Otherwise gloo's
+    all-gather would abort one process and leave another with uninitialised memory (processes
+    that passed different shapes with the agreement check off)."""
+    expected = tuple(_local_offset(x)[0])
+    local = tuple(x.to_local().shape)
+    if local != expected:
+        raise ShardingError(
+            f"{what}: rank {dist.get_rank()}'s local block of a DTensor of global shape "
+            f"{tuple(x.shape)} ({list(x.placements)}) has shape {local}, but DTensor expects "
+            f"{expected}; it was made with a wrong shape (DTensor.from_local with shape=...)."
+        )
+    dtype = str(x.dtype).removeprefix("torch.")
+    layout = f"placements {list(x.placements)} on ranks {x.device_mesh.mesh.tolist()}"
+    items = [f"a DTensor of global shape {tuple(x.shape)}, {dtype}, {layout}"]
+    every = _exchange(f"{what}: checking sizes before the gather", items)
+    if every is not None:
+        groups: dict[str, list[int]] = {}
+        for r, e in enumerate(every):
+            groups.setdefault(e[0], []).append(r)
+        seen = "; ".join(f"{d} on rank(s) {rs}" for d, rs in groups.items())
+        raise ProcessDisagreementError(
+            f"{what}: every process must gather the same tensor, but found {seen}. The "
+            "processes passed different shapes or dtypes when it was made (with the agreement "
+            "check off, see set_agreement_check); nothing was gathered."
+        )
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -358,8 +414,6 @@ class DTensorBackend:
 
     def prepare(self, mesh: Mesh) -> None:
         device_mesh(mesh)
-        if dist.get_world_size() > 1:  # made here (collective), even if the check is off now
-            _GROUPS.agreement_group()
 
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
         return None  # DTensors carry their DeviceMesh; there is no global mesh to restore
@@ -410,20 +464,26 @@ class DTensorBackend:
         rank = dist.get_rank()
         out = []
         for x in tensors:
-            x = _without_partial(x)
+            if any(p.is_partial() for p in x.placements):
+                with guarded("global_to_host_array: reducing a Partial placement"):
+                    x = _without_partial(x)
             shape, offset = _local_offset(x)
             ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
             out.append([LocalShard(rank, ranges, _host_copy(x.to_local()))])
         return out
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        x = _without_partial(x)
-        if all(p.is_replicate() for p in x.placements):
-            return _host_copy(x.to_local())
-        view = _BYTE_VIEWS.get(x.dtype)
-        if view is not None:
-            return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
-        return x.full_tensor().detach().cpu()
+        what = "replicate_to_local_data"
+        if not all(p.is_replicate() for p in x.placements):
+            _check_sizes(x, what)  # before the collective, whatever the agreement switch says
+        with guarded(f"{what}: gathering a tensor of shape {tuple(x.shape)}"):
+            x = _without_partial(x)
+            if all(p.is_replicate() for p in x.placements):
+                return _host_copy(x.to_local())
+            view = _BYTE_VIEWS.get(x.dtype)
+            if view is not None:
+                return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
+            return x.full_tensor().detach().cpu()
 
     def annotate(
         self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
@@ -448,23 +508,27 @@ class DTensorBackend:
             target = _keeping(mesh, axes, keep, current, target)
         if all(type(a) is type(b) and a == b for a, b in zip(current, target, strict=True)):
             return x
-        return _redistribute(x, x.device_mesh, target)
+        with guarded(f"maybe_shard: redistributing a tensor of shape {tuple(x.shape)}"):
+            return _redistribute(x, x.device_mesh, target)
 
     def full_local(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, DTensor):
             return x
-        x = _without_partial(x)
-        if all(p.is_replicate() for p in x.placements):
-            return x.to_local()
-        view = _BYTE_VIEWS.get(x.dtype)
-        if view is not None:
-            return _reinterpret(x, view).full_tensor().view(x.dtype)
-        return x.full_tensor()
+        with guarded(f"dispatch: gathering a key of shape {tuple(x.shape)}"):
+            x = _without_partial(x)
+            if all(p.is_replicate() for p in x.placements):
+                return x.to_local()
+            view = _BYTE_VIEWS.get(x.dtype)
+            if view is not None:
+                return _reinterpret(x, view).full_tensor().view(x.dtype)
+            return x.full_tensor()
 
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, DTensor):
             return x.index_select(0, index.to(x.device))
-        return _take_rows(x, self.full_local(index))
+        index = self.full_local(index)
+        with guarded(f"dispatch: gathering rows of a tensor of shape {tuple(x.shape)}"):
+            return _take_rows(x, index)
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)
@@ -475,23 +539,16 @@ class DTensorBackend:
     def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
         if not self.compares_processes(mesh):
             return
-        every = self.exchange(mesh, call.describe())
+        every = self.exchange(mesh, call.describe(), what=what)
         if every is not None:
             raise disagreement(what, every, call.path)
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         if not self.compares_processes(mesh):
             return None
-        world = dist.get_world_size()
-        group = _GROUPS.agreement_group()
-        mine = torch.tensor([digest(items)], dtype=torch.int64)
-        hashes = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(hashes, mine, group=group)
-        if all(bool(h == hashes[0]) for h in hashes):
-            return None
-        every: list[Any] = [None] * world
-        dist.all_gather_object(every, list(items), group=group)
-        return every
+        return _exchange(what, items)
 
 
 BACKEND = DTensorBackend()

@@ -433,7 +433,9 @@ class XlaBackend:
     def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
         return None
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         return None
 
 

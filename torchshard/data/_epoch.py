@@ -102,11 +102,12 @@ class Epoch(Iterator[Any]):
         a note on it instead (its caller re-raises it)."""
         if outcome is None:
             return
-        every = self._backend.exchange(self._mesh, outcome)
+        what = f"GlobalBatchLoader: batch {self._next}"
+        every = self._backend.exchange(self._mesh, outcome, what=what)
         if every is None:
             return
         problem = outcome_disagreement(
-            f"GlobalBatchLoader: batch {self._next}",
+            what,
             every,
             where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}"),
         )
