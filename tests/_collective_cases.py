@@ -173,3 +173,34 @@ def agreement_cost(calls: int = 200) -> dict[str, float]:
             finally:
                 ts.set_agreement_check(old)
     return out
+
+
+def replica_values(kind: str, check: bool) -> dict[str, Any]:
+    """Processes that hold the same block pass values that differ by rank. ``kind``:
+    ``"replicated"`` (``P()`` on a 1-D mesh), ``"loader"`` (the same through a loader),
+    ``"shared"`` (``P("data")`` on a ``(2, 2)`` mesh of 4 processes: ranks 0, 1 and 2, 3 share
+    blocks), ``"equal"`` (shared blocks with equal values: no error)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    old = ts.set_value_check(check)
+    try:
+        if kind in ("shared", "equal"):
+            mesh = ts.create_device_mesh((2, world // 2), ("data", "model"), backend="dtensor")
+            spec = ts.P("data")
+            value = rank // 2 if kind == "equal" else rank
+        else:
+            mesh = _mesh(world)
+            spec, value = ts.P(), rank
+        batch = {"w": torch.full((4, 2), float(value)), "ok": torch.zeros(4, 2)}
+        with mesh:
+            if kind == "loader":
+                loader = ts.GlobalBatchLoader([batch], partition=spec, prefetch=0)
+                out = _timed(lambda: list(loader))
+            else:
+                out = _timed(lambda: ts.host_to_global_array(batch, partition=spec))
+            out["after"] = tuple(ts.host_to_global_array({"x": torch.ones(2, 2)})["x"].shape)
+    finally:
+        ts.set_value_check(old)
+    return out

@@ -16,7 +16,7 @@ from _multiproc import WorkerPool
 
 import torchshard as ts
 
-TIMEOUT = 2.0  # the workers' init_process_group(timeout=...)
+TIMEOUT = 3.0  # the workers' init_process_group(timeout=...)
 SLACK = 8.0  # seconds allowed past it (a loaded machine)
 CASES = "_collective_cases:"
 
@@ -118,3 +118,30 @@ def test_reading_back_tensors_made_from_disagreeing_shapes_fails_before_the_gath
 
 def test_collective_error_is_public_and_a_runtime_error():
     assert issubclass(ts.CollectiveError, RuntimeError)
+
+
+@pytest.mark.parametrize("kind", ["replicated", "loader"])
+def test_the_value_check_names_replicas_that_differ(pools, kind):
+    """Each rank passes its own values for a replicated leaf: before, every device silently
+    held its own process's values; with the opt-in value check, every rank raises."""
+    what = "host_arrays" if kind == "replicated" else "GlobalBatchLoader: batch 0"
+    argname = "host_arrays" if kind == "replicated" else "batch"
+    for r in pools(2).run(CASES + "replica_values", kind=kind, check=True):
+        assert r["error"].startswith(
+            f"ProcessDisagreementError: {argname}['w']: {what}: the ranks [0, 1] hold the same "
+            "block (global ranges ((0, 4), (0, 2)), one (start, stop) per dimension) and must "
+            "pass the same values, but found checksum "
+        ), r
+        assert "on rank(s) [0]; checksum " in r["error"]
+        assert r["after"] == (4, 2)
+    for r in pools(2).run(CASES + "replica_values", kind=kind, check=False):
+        assert r["error"] == "no error"  # off by default: nothing is exchanged
+
+
+def test_the_value_check_on_a_mesh_whose_processes_share_blocks(pools):
+    for r in pools(4).run(CASES + "replica_values", kind="shared", check=True):
+        assert "the ranks [0, 1] hold the same block (global ranges ((0, 4), (0, 2))" in (
+            r["error"]
+        ), r
+    for r in pools(4).run(CASES + "replica_values", kind="equal", check=True):
+        assert r["error"] == "no error"

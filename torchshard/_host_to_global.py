@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchshard._backend import backend_by_name, get_backend
+from torchshard._core.agreement import value_check_enabled
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError, at
 from torchshard._core.mesh import current_mesh, require_mesh
@@ -88,7 +89,10 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
         warn_partition_type(partition, stacklevel=1)
     call = HostCall((host_arrays,), partition, False)  # one tree: what `read` checks holds
     backend.agree(mesh, call, what="host_arrays")
-    return to_global(mesh, backend, topology, call)
+    out = to_global(mesh, backend, topology, call)
+    if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
+        backend.check_values(mesh, out, argname="host_arrays", what="host_arrays")
+    return out
 
 
 def host_to_global_device_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:

@@ -198,6 +198,13 @@ class Backend(Protocol):
         only, so that no process fails alone and leaves the others waiting in a collective."""
         ...
 
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        """The opt-in value check (``set_value_check``): raises ``ProcessDisagreementError`` on
+        every process when processes whose blocks of a global tensor in ``tree`` cover the same
+        ranges passed different values. A collective like ``agree``; a no-op where the
+        processes are not compared (one process, torch_xla)."""
+        ...
+
     def exchange(
         self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
     ) -> list[list[str]] | None:

@@ -215,6 +215,29 @@ def session() -> _Session | None:
         return s
 
 
+def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
+    """Every process's ``items`` (``None`` on one process): each writes its own and reads the
+    others' (``world`` reads per process); the last to finish reading deletes the keys."""
+    s = session()
+    if s is None:
+        return None
+    stream, n = s.enter(what)
+    key = f"{PREFIX}{stream}/{n}/all/"
+    store = s.store
+    try:
+        store.set(f"{key}{s.rank}", json.dumps(list(items)))
+        every = [json.loads(store.get(f"{key}{q}")) for q in range(s.world)]
+        if store.add(key + "read", 1) == s.world:
+            for q in range(s.world):
+                store.delete_key(f"{key}{q}")
+            store.delete_key(key + "read")
+    except Exception as e:
+        if is_comm_error(e):
+            raise s.failed(stream, n, what, e) from None
+        raise
+    return every
+
+
 def exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
     """Every process's ``[what, *items]`` when some differ, ``None`` when all agree (and on one
     process). Raises ``CollectiveError`` naming the ranks that did not answer in time."""

@@ -21,6 +21,7 @@ on (torch 2.9.0).
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,11 +34,12 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from torchshard._backend import AgreementCall, LocalShard, collective, register_backend
 from torchshard._backend.collective import guarded
-from torchshard._core.agreement import agreement_check_enabled, disagreement
+from torchshard._core.agreement import agreement_check_enabled, disagreement, value_check_enabled
 from torchshard._core.errors import NoProcessGroupError, ProcessDisagreementError, ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, check_device_process
 from torchshard._core.topology import Topology
+from torchshard._core.tree import LazyPaths, flatten
 
 # gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
@@ -382,6 +384,46 @@ def _check_sizes(x: DTensor, what: str) -> None:
         )
 
 
+def _checksum(t: torch.Tensor) -> str:
+    """A 16-hex-digit blake2b of ``t``'s bytes (any dtype; bit patterns, so -0.0 != 0.0)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy() if flat.numel() else b""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def check_values(tree: Any, argname: str, what: str) -> None:
+    """Processes whose blocks of a DTensor in ``tree`` cover the same global ranges must hold
+    the same values (``set_value_check``): one exchange of a checksum per leaf and process."""
+    leaves, treespec = flatten(tree)
+    mine = []
+    for x in leaves:
+        if not isinstance(x, DTensor):
+            mine.append("-")
+            continue
+        shape, offset = _local_offset(x)
+        ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
+        mine.append(f"{ranges} {_checksum(x.to_local())}")
+    every = collective.gather_all(f"{what}: the value check", mine)
+    if every is None:
+        return
+    where = LazyPaths(treespec, argname)
+    for i in range(len(leaves)):
+        by_ranges: dict[str, dict[str, list[int]]] = {}
+        for r, items in enumerate(every):
+            ranges, _, checksum = items[i].rpartition(" ")
+            by_ranges.setdefault(ranges, {}).setdefault(checksum, []).append(r)
+        for ranges, sums in by_ranges.items():
+            if len(sums) > 1:
+                seen = "; ".join(f"checksum {c} on rank(s) {rs}" for c, rs in sums.items())
+                raise ProcessDisagreementError(
+                    f"{where[i]}: {what}: the ranks {sorted(r for rs in sums.values() for r in rs)}"
+                    f" hold the same block (global ranges {ranges}, one (start, stop) per "
+                    f"dimension) and must pass the same values, but found {seen}. A replicated "
+                    "leaf (P()) or a mesh axis the spec leaves free gives several processes the "
+                    "same block: give them equal values, or shard the leaf over that axis."
+                )
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -542,6 +584,10 @@ class DTensorBackend:
         every = self.exchange(mesh, call.describe(), what=what)
         if every is not None:
             raise disagreement(what, every, call.path)
+
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        if value_check_enabled() and dist.get_world_size() > 1:
+            check_values(tree, argname, what)
 
     def exchange(
         self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchshard._core.agreement import outcome_disagreement
+from torchshard._core.agreement import outcome_disagreement, value_check_enabled
 from torchshard._core.mesh import thread_mesh
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import OUTCOME, Ended, Made, Producer
@@ -82,6 +82,9 @@ class Epoch(Iterator[Any]):
             raise
         try:
             self._agree(made.outcome, made.where, None)
+            if made.outcome is not None and value_check_enabled():
+                what = f"GlobalBatchLoader: batch {self._next}"
+                self._backend.check_values(self._mesh, made.batch, argname="batch", what=what)
         except BaseException:
             self.close()
             raise
