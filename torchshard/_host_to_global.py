@@ -88,8 +88,16 @@ def host_to_global_array(host_arrays: Any, /, *, partition: Any = DEFAULT_PARTIT
     if isinstance(partition, DataPartitionType):
         warn_partition_type(partition, stacklevel=1)
     call = HostCall((host_arrays,), partition, False)  # one tree: what `read` checks holds
-    backend.agree(mesh, call, what="host_arrays")
-    out = to_global(mesh, backend, topology, call)
+    # The agreement step overlaps planning and placement (no collective there; DTensor's
+    # from_local is local): its end runs first on failure too, so a disagreement is the error
+    # every process raises, whatever failed locally.
+    agreed = backend.agree_begin(mesh, call, what="host_arrays")
+    try:
+        out = to_global(mesh, backend, topology, call)
+    except BaseException:
+        agreed()
+        raise
+    agreed()
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
         backend.check_values(mesh, out, argname="host_arrays", what="host_arrays")
     return out

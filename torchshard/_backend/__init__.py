@@ -205,6 +205,14 @@ class Backend(Protocol):
         processes are not compared (one process, torch_xla)."""
         ...
 
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
+        """``agree`` in two halves: starts the comparison and returns its end, which raises as
+        ``agree`` would. Between them the caller may run only work that issues no collective
+        and whose failure is local (``host_to_global_array``'s plan and DTensor's
+        ``from_local``), so that it overlaps the wait for the other processes; the end must be
+        called also when that work failed (its error is raised after the end's)."""
+        ...
+
     def exchange(
         self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
     ) -> list[list[str]] | None:

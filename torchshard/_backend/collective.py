@@ -32,7 +32,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -98,8 +98,11 @@ class _Session:
         self.store.set(f"{PREFIX}at/{stream}/{self.rank}", f"{n}\t{what}")
         return stream, n
 
-    def exchange(self, what: str, items: Sequence[str]) -> list[list[str]] | None:
-        """Every process's ``[what, *items]`` when they differ; ``None`` when they agree."""
+    def begin(self, what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+        """Starts the exchange of ``[what, *items]`` (two short round trips, no waiting) and
+        returns its end: every process's ``[what, *items]`` when they differ, ``None`` when
+        they agree. The end must be called (on every process, on the same thread), also when
+        the caller's own work in between failed."""
         store, world = self.store, self.world
         stream, n = self.enter(what)
         key = f"{PREFIX}{stream}/{n}/"
@@ -108,22 +111,33 @@ class _Session:
         try:
             differs = store.compare_set(key + "d", "", code).decode() != code
             count = store.add(key + "n", _BAD + 1 if differs else 1)
-            if count % _BAD == world:
-                verdict = "bad" if count >= _BAD else "ok"
-                store.set(key + "done", verdict)
-                self._forget(f"{PREFIX}{stream}/{n - 1}/")
-            else:
-                verdict = store.get(key + "done").decode()
-            if verdict == "ok":
-                return None
-            self.bad.add(key)
-            store.set(f"{key}desc/{self.rank}", json.dumps(mine))
-            blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
+            last = count % _BAD == world
+            if last:
+                store.set(key + "done", "bad" if count >= _BAD else "ok")
         except Exception as e:
             if is_comm_error(e):
                 raise self.failed(stream, n, what, e) from None
             raise
-        return [json.loads(b) for b in blobs]
+
+        def end() -> list[list[str]] | None:
+            try:
+                if last:
+                    verdict = "bad" if count >= _BAD else "ok"
+                    self._forget(f"{PREFIX}{stream}/{n - 1}/")
+                else:
+                    verdict = store.get(key + "done").decode()
+                if verdict == "ok":
+                    return None
+                self.bad.add(key)
+                store.set(f"{key}desc/{self.rank}", json.dumps(mine))
+                blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
+            except Exception as e:
+                if is_comm_error(e):
+                    raise self.failed(stream, n, what, e) from None
+                raise
+            return [json.loads(b) for b in blobs]
+
+        return end
 
     def _forget(self, key: str) -> None:
         """Deletes a call's keys (every process has reached the stream's next call)."""
@@ -238,11 +252,21 @@ def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
     return every
 
 
+def begin(what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+    """``exchange`` in two halves, so that work that runs no collective (DTensor's
+    ``from_local``) overlaps the wait for the other processes: ``begin`` returns the end."""
+    s = session()
+    return _NOTHING if s is None else s.begin(what, items)
+
+
+def _NOTHING() -> None:
+    return None
+
+
 def exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
     """Every process's ``[what, *items]`` when some differ, ``None`` when all agree (and on one
     process). Raises ``CollectiveError`` naming the ranks that did not answer in time."""
-    s = session()
-    return None if s is None else s.exchange(what, items)
+    return begin(what, items)()
 
 
 @contextlib.contextmanager

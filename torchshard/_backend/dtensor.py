@@ -102,7 +102,11 @@ def _exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
     exchange of ``collective``; bounded by the default group's timeout). Processes that are in
     different calls (``what`` differs: one skipped a call) all raise ``ProcessDisagreementError``.
     """
-    every = collective.exchange(what, items)
+    return _in_step(what, collective.exchange(what, items))
+
+
+def _in_step(what: str, every: list[list[str]] | None) -> list[list[str]] | None:
+    """``every`` without the call names; raises when the processes are in different calls."""
     if every is None:
         return None
     whats = [e[0] for e in every]
@@ -424,6 +428,10 @@ def check_values(tree: Any, argname: str, what: str) -> None:
                 )
 
 
+def _nothing() -> None:
+    return None
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -579,11 +587,19 @@ class DTensorBackend:
         return agreement_check_enabled() and dist.get_world_size() > 1
 
     def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
+        self.agree_begin(mesh, call, what=what)()
+
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
         if not self.compares_processes(mesh):
-            return
-        every = self.exchange(mesh, call.describe(), what=what)
-        if every is not None:
-            raise disagreement(what, every, call.path)
+            return _nothing
+        end = collective.begin(what, call.describe())
+
+        def agree_end() -> None:
+            every = _in_step(what, end())
+            if every is not None:
+                raise disagreement(what, every, call.path)
+
+        return agree_end
 
     def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
         if value_check_enabled() and dist.get_world_size() > 1:
