@@ -111,7 +111,8 @@ def test_reading_back_tensors_made_from_disagreeing_shapes_fails_before_the_gath
             "placements [Shard(dim=0)] on ranks [0, 1] on rank(s) [0]; a DTensor of global "
             "shape (6, 2), float32, placements [Shard(dim=0)] on ranks [0, 1] on rank(s) [1]. "
             "The processes passed different shapes or dtypes when it was made (with the "
-            "agreement check off, see set_agreement_check); nothing was gathered."
+            "agreement check off, see set_agreement_check, or DTensor.from_local with a wrong "
+            "shape); nothing was gathered."
         ), r
         assert r["after"] == 4
 

@@ -363,29 +363,28 @@ def _check_sizes(x: DTensor, what: str) -> None:
     """Before a gather: every process must hold a DTensor of the same global shape, dtype,
     placements and mesh, and its local block must be the one DTensor expects. Otherwise gloo's
     all-gather would abort one process and leave another with uninitialised memory (processes
-    that passed different shapes with the agreement check off)."""
+    that passed different shapes with the agreement check off). Checked through one exchange,
+    so every process raises the same error."""
     expected = tuple(_local_offset(x)[0])
     local = tuple(x.to_local().shape)
-    if local != expected:
-        raise ShardingError(
-            f"{what}: rank {dist.get_rank()}'s local block of a DTensor of global shape "
-            f"{tuple(x.shape)} ({list(x.placements)}) has shape {local}, but DTensor expects "
-            f"{expected}; it was made with a wrong shape (DTensor.from_local with shape=...)."
-        )
     dtype = str(x.dtype).removeprefix("torch.")
     layout = f"placements {list(x.placements)} on ranks {x.device_mesh.mesh.tolist()}"
-    items = [f"a DTensor of global shape {tuple(x.shape)}, {dtype}, {layout}"]
-    every = _exchange(f"{what}: checking sizes before the gather", items)
-    if every is not None:
-        groups: dict[str, list[int]] = {}
-        for r, e in enumerate(every):
-            groups.setdefault(e[0], []).append(r)
-        seen = "; ".join(f"{d} on rank(s) {rs}" for d, rs in groups.items())
-        raise ProcessDisagreementError(
-            f"{what}: every process must gather the same tensor, but found {seen}. The "
-            "processes passed different shapes or dtypes when it was made (with the agreement "
-            "check off, see set_agreement_check); nothing was gathered."
-        )
+    item = f"a DTensor of global shape {tuple(x.shape)}, {dtype}, {layout}"
+    if local != expected:
+        item += f", whose local block is {local} where DTensor expects {expected}"
+    every = _exchange(f"{what}: checking sizes before the gather", [item])
+    if every is None:
+        return
+    groups: dict[str, list[int]] = {}
+    for r, e in enumerate(every):
+        groups.setdefault(e[0], []).append(r)
+    seen = "; ".join(f"{d} on rank(s) {rs}" for d, rs in groups.items())
+    raise ProcessDisagreementError(
+        f"{what}: every process must gather the same tensor, but found {seen}. The "
+        "processes passed different shapes or dtypes when it was made (with the agreement "
+        "check off, see set_agreement_check, or DTensor.from_local with a wrong shape); "
+        "nothing was gathered."
+    )
 
 
 def _checksum(t: torch.Tensor) -> str:
