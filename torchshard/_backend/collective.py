@@ -16,8 +16,10 @@ last to arrive writes the verdict that the others ``get``. That is three round t
 store and no helper thread (a gloo all-gather is ~0.6 ms on loopback, most of it the wake-up of
 gloo's worker thread), and it waits at most the store's timeout, which
 ``init_process_group(timeout=...)`` sets. Only when digests differ are the descriptions
-themselves written and read. Keys of a call are deleted once every process has reached the
-next one, so the store does not grow.
+themselves written and read. The digest and count keys live in a ring of four slots per
+thread, each reset by the last arrival of the exchange before its next use (unacknowledged
+``set``s); only the verdict key is per call, deleted by the last arrival of the next exchange,
+so the store does not grow.
 
 The collectives of the ``DeviceMesh``es torchshard builds run on groups whose timeout is set to
 the default group's (torch's ``new_group`` would give them 30 minutes).
@@ -43,6 +45,7 @@ from torchshard._core.errors import CollectiveError
 
 PREFIX = "torchshard/"
 _BAD = 1 << 32  # added to a call's arrival count by a process whose digest differed
+_SLOTS = 4  # the digest and count keys of a thread's calls are reused in a ring of this size
 GRACE = 2.0  # seconds a process whose collective failed waits for the others to report
 
 
@@ -77,7 +80,13 @@ class _Session:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.timeout = self.default_store.timeout.total_seconds()
+        # Keys of an earlier default group on the same store (torchrun's agent store outlives
+        # init_process_group) must not be read as this one's: every process counts itself in.
+        generation = (self.default_store.add(PREFIX + "generation", 1) - 1) // self.world
+        self.prefix = f"{PREFIX}{generation}/"
         self.seq: dict[str, int] = {}  # per stream (calling thread's name): calls entered
+        self.exchanges: dict[str, int] = {}  # per stream: exchanges begun (the slot ring's)
+        self.previous: dict[str, int] = {}  # per stream: the call number of the last exchange
         self.bad: set[str] = set()  # calls whose digests differed (their descriptions to delete)
         self.lock = threading.Lock()
 
@@ -95,7 +104,7 @@ class _Session:
         stream = threading.current_thread().name
         with self.lock:
             n = self.seq[stream] = self.seq.get(stream, 0) + 1
-        self.store.set(f"{PREFIX}at/{stream}/{self.rank}", f"{n}\t{what}")
+        self.store.set(f"{self.prefix}at/{stream}/{self.rank}", f"{n}\t{what}")
         return stream, n
 
     def begin(self, what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
@@ -105,14 +114,23 @@ class _Session:
         the caller's own work in between failed."""
         store, world = self.store, self.world
         stream, n = self.enter(what)
-        key = f"{PREFIX}{stream}/{n}/"
+        key = f"{self.prefix}{stream}/{n}/"
+        x = self.exchanges[stream] = self.exchanges.get(stream, 0) + 1
+        prev, self.previous[stream] = self.previous.get(stream, 0), n
+        slot = f"{self.prefix}{stream}/slot{x % _SLOTS}/"
         mine = [what, *items]
         code = str(digest(mine))
         try:
-            differs = store.compare_set(key + "d", "", code).decode() != code
-            count = store.add(key + "n", _BAD + 1 if differs else 1)
+            differs = store.compare_set(slot + "d", "", code).decode() != code
+            count = store.add(slot + "n", _BAD + 1 if differs else 1)
             last = count % _BAD == world
             if last:
+                # Reset the next call's slot (its last use ended before this call began), then
+                # the verdict: a process starts the next call only after reading the verdict,
+                # and the store applies one connection's requests in order. Neither waits.
+                nxt = f"{self.prefix}{stream}/slot{(x + 1) % _SLOTS}/"
+                store.set(nxt + "d", "")
+                store.set(nxt + "n", "0")
                 store.set(key + "done", "bad" if count >= _BAD else "ok")
         except Exception as e:
             if is_comm_error(e):
@@ -123,7 +141,7 @@ class _Session:
             try:
                 if last:
                     verdict = "bad" if count >= _BAD else "ok"
-                    self._forget(f"{PREFIX}{stream}/{n - 1}/")
+                    self._forget(f"{self.prefix}{stream}/{prev}/")
                 else:
                     verdict = store.get(key + "done").decode()
                 if verdict == "ok":
@@ -143,15 +161,14 @@ class _Session:
         """Deletes a call's keys (every process has reached the stream's next call)."""
         if key.endswith("/0/"):
             return
-        for name in ("d", "n", "done"):
-            self.store.delete_key(key + name)
+        self.store.delete_key(key + "done")
         if key in self.bad:
             self.bad.discard(key)
             for q in range(self.world):
                 self.store.delete_key(f"{key}desc/{q}")
 
     def where_is(self, stream: str, q: int) -> tuple[int, str] | None:
-        k = f"{PREFIX}at/{stream}/{q}"
+        k = f"{self.prefix}at/{stream}/{q}"
         if not self.store.check([k]):
             return None
         seq, _, what = self.store.get(k).decode().partition("\t")
@@ -167,7 +184,7 @@ class _Session:
             + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
         )
         try:
-            fail = f"{PREFIX}fail/{stream}/{n}/"
+            fail = f"{self.prefix}fail/{stream}/{n}/"
             self.store.set(f"{fail}{self.rank}", "")
             absent, elsewhere = [], []
             for q in range(self.world):
@@ -236,7 +253,7 @@ def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
     if s is None:
         return None
     stream, n = s.enter(what)
-    key = f"{PREFIX}{stream}/{n}/all/"
+    key = f"{s.prefix}{stream}/{n}/all/"
     store = s.store
     try:
         store.set(f"{key}{s.rank}", json.dumps(list(items)))
