@@ -9,7 +9,8 @@ process sends it, one at a time and in lockstep with the others (a case is a fun
 ``"module:function"``, which all ranks call together).
 ``pool.run("case", **kwargs)`` returns one result per rank.
 
-Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``), and the test
+Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``, or a pool's
+``collective_timeout``: tests of hangs use a pool of their own with a short one), and the test
 process gives each case ``timeout`` seconds; a worker that does not answer in time, or dies,
 brings the pool down, and the error carries the workers' stderr. Messages travel as pickles
 over the workers' stdin/stdout pipes (the workers move their own stdout to stderr first).
@@ -50,7 +51,14 @@ def _free_port() -> int:
 class WorkerPool:
     """``n`` worker processes, one rank each, running cases on request."""
 
-    def __init__(self, n: int, *, timeout: float = 240.0, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        n: int,
+        *,
+        timeout: float = 240.0,
+        env: dict[str, str] | None = None,
+        collective_timeout: float = COLLECTIVE_TIMEOUT,
+    ):
         self.n = n
         self.timeout = timeout
         self.broken = False
@@ -61,7 +69,8 @@ class WorkerPool:
         port = _free_port()
         base = {k: v for k, v in os.environ.items() if k not in _STRIPPED_ENV}
         base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        base.update(WORLD_SIZE=str(n), **(env or {}))
+        base.update(WORLD_SIZE=str(n), TORCHSHARD_TEST_COLLECTIVE_TIMEOUT=str(collective_timeout))
+        base.update(env or {})
         try:
             for rank in range(n):
                 log = tempfile.TemporaryFile()
@@ -89,6 +98,30 @@ class WorkerPool:
         for conn in self._send:
             conn.send_bytes(blob)
         return self._collect(case)
+
+    def run_some(self, case: str, /, **kwargs: Any) -> list[Any]:
+        """``run``, for a case in which ranks exit on purpose: a rank that died gives ``None``
+        (the pool is down afterwards); one that raised gives its traceback as a string."""
+        if self.broken:
+            raise WorkerError("the worker pool is down (an earlier case failed to finish)")
+        blob = pickle.dumps((case, kwargs))
+        for conn in self._send:
+            conn.send_bytes(blob)
+        deadline = time.monotonic() + self.timeout
+        out: list[Any] = []
+        for rank, conn in enumerate(self._recv):
+            try:
+                if not conn.poll(max(0.0, deadline - time.monotonic())):
+                    self.broken = True
+                    logs = self._stderr()
+                    self.close()
+                    raise WorkerError(f"{case}: rank {rank} did not answer\n{logs}")
+                _, value = pickle.loads(conn.recv_bytes())
+                out.append(value)
+            except (EOFError, OSError):
+                self.broken = True
+                out.append(None)
+        return out
 
     def _collect(self, what: str) -> list[Any]:
         deadline = time.monotonic() + self.timeout
@@ -181,7 +214,7 @@ def _worker_main() -> None:
             init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT),
+            timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),
         )
         cases = importlib.import_module(CASES_MODULE)
         out.send_bytes(pickle.dumps(("ok", rank)))

@@ -167,7 +167,14 @@ def test_the_core_imports_only_the_standard_library_numpy_and_optree():
     ("runtime", "owners"),
     [
         ("torch_xla", {"torchshard._backend.xla", "torchshard._backend.xla_env"}),
-        ("torch.distributed", {"torchshard._backend", "torchshard._backend.dtensor"}),
+        (
+            "torch.distributed",
+            {
+                "torchshard._backend",
+                "torchshard._backend.dtensor",
+                "torchshard._backend.collective",
+            },
+        ),
     ],
 )
 def test_only_the_backends_import_the_runtimes(runtime, owners):

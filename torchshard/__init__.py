@@ -12,6 +12,8 @@ from torchshard._backend.xla_env import setup_cpu_emulation as setup_cpu_emulati
 from torchshard._constraint import maybe_shard as maybe_shard
 from torchshard._constraint import with_sharding_constraint as with_sharding_constraint
 from torchshard._core.agreement import set_agreement_check as set_agreement_check
+from torchshard._core.agreement import set_value_check as set_value_check
+from torchshard._core.errors import CollectiveError as CollectiveError
 from torchshard._core.errors import EmulationError as EmulationError
 from torchshard._core.errors import IndivisibleError as IndivisibleError
 from torchshard._core.errors import NoMeshError as NoMeshError
@@ -57,6 +59,7 @@ from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._sampler import host_sampler as host_sampler
 
 __all__ = [
+    "CollectiveError",
     "DataPartitionType",
     "EmulationError",
     "GlobalBatchLoader",
@@ -97,6 +100,7 @@ __all__ = [
     "process_index",
     "replicate_to_local_data",
     "set_agreement_check",
+    "set_value_check",
     "setup_cpu_emulation",
     "sharded_collate",
     "visualize_sharding",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchshard._backend import backend_by_name, get_backend
+from torchshard._core.agreement import value_check_enabled
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError, at
 from torchshard._core.mesh import current_mesh, require_mesh
@@ -96,8 +97,19 @@ def host_to_global_array(
     if isinstance(partition, DataPartitionType):
         warn_partition_type(partition, stacklevel=1)
     call = HostCall((host_arrays,), partition, False, global_shape)  # one tree: as `read` checks
-    backend.agree(mesh, call, what="host_arrays")
-    return to_global(mesh, backend, topology, call)
+    # The agreement step overlaps planning and placement (no collective there; DTensor's
+    # from_local is local): its end runs first on failure too, so a disagreement is the error
+    # every process raises, whatever failed locally.
+    agreed = backend.agree_begin(mesh, call, what="host_arrays")
+    try:
+        out = to_global(mesh, backend, topology, call)
+    except BaseException:
+        agreed()
+        raise
+    agreed()
+    if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
+        backend.check_values(mesh, out, argname="host_arrays", what="host_arrays")
+    return out
 
 
 def host_to_global_device_array(

@@ -21,7 +21,7 @@ import torch
 
 from torchshard._backend import Backend, LocalShard, backend_of, get_backend
 from torchshard._core.deprecation import warn_once
-from torchshard._core.errors import ShardingError
+from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
 from torchshard._core.mesh import current_mesh
 from torchshard._core.plan import block_offsets
 from torchshard._core.topology import Topology, current_topology
@@ -198,10 +198,13 @@ def replicate_to_local_data(x: Any, /) -> Any:
         if not backend.is_global(leaf):
             _check_global(backend, leaf, where[i])
     out = []
-    for leaf, shards in zip(leaves, backend.local_shards(leaves), strict=True):
+    for i, (leaf, shards) in enumerate(zip(leaves, backend.local_shards(leaves), strict=True)):
         block = _block(shards, leaf.dim(), leaf.dtype)
         if block is not None and tuple(block.shape) == tuple(leaf.shape):
             out.append(block)
-        else:
+            continue
+        try:  # DTensor: checks first that every process gathers the same shape and dtype
             out.append(backend.gather(leaf))
+        except ProcessDisagreementError as e:
+            raise ProcessDisagreementError(at(where[i], str(e))) from None
     return unflatten(treespec, out)

@@ -217,10 +217,29 @@ class Backend(Protocol):
         only, so that no process fails alone and leaves the others waiting in a collective."""
         ...
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        """The opt-in value check (``set_value_check``): raises ``ProcessDisagreementError`` on
+        every process when processes whose blocks of a global tensor in ``tree`` cover the same
+        ranges passed different values. A collective like ``agree``; a no-op where the
+        processes are not compared (one process, torch_xla)."""
+        ...
+
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
+        """``agree`` in two halves: starts the comparison and returns its end, which raises as
+        ``agree`` would. Between them the caller may run only work that issues no collective
+        and whose failure is local (``host_to_global_array``'s plan and DTensor's
+        ``from_local``), so that it overlaps the wait for the other processes; the end must be
+        called also when that work failed (its error is raised after the end's)."""
+        ...
+
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
         ``compares_processes`` is False): the collective behind ``agree``, for callers that
-        describe more than a call (a loader's batch outcome)."""
+        describe more than a call (a loader's batch outcome). ``what`` names the call: it is
+        compared too (processes in different calls are out of step), and a process that does
+        not answer within the default group's timeout makes a ``CollectiveError`` naming it."""
         ...
 
 

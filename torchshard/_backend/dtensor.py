@@ -21,6 +21,7 @@ on (torch 2.9.0).
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,13 +32,19 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._backend import AgreementCall, LocalShard, register_backend, staging
+from torchshard._backend import AgreementCall, LocalShard, collective, register_backend, staging
 from torchshard._backend import device as devices
-from torchshard._core.agreement import agreement_check_enabled, digest, disagreement
-from torchshard._core.errors import NoProcessGroupError, ShardingError
+from torchshard._backend.collective import guarded
+from torchshard._core.agreement import (
+    agreement_check_enabled,
+    disagreement,
+    value_check_enabled,
+)
+from torchshard._core.errors import NoProcessGroupError, ProcessDisagreementError, ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, check_device_process
 from torchshard._core.topology import Topology
+from torchshard._core.tree import LazyPaths, flatten
 
 # gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
@@ -111,38 +118,66 @@ def mesh_device(dm: DeviceMesh) -> devices.MeshDevice:
     return dev
 
 
+def _exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
+    """Every process's ``items`` when they differ, ``None`` when they agree (the store-based
+    exchange of ``collective``; bounded by the default group's timeout). Processes that are in
+    different calls (``what`` differs: one skipped a call) all raise ``ProcessDisagreementError``.
+    """
+    return _in_step(what, collective.exchange(what, items))
+
+
+def _in_step(what: str, every: list[list[str]] | None) -> list[list[str]] | None:
+    """``every`` without the call names; raises when the processes are in different calls."""
+    if every is None:
+        return None
+    whats = [e[0] for e in every]
+    if len(set(whats)) > 1:
+        seen = "; ".join(f"rank {r}: {w}" for r, w in enumerate(whats))
+        raise ProcessDisagreementError(
+            f"{what}: the processes are out of step, each in another torchshard call ({seen}). "
+            "Every process must make the same torchshard calls in the same order (the same "
+            "host_to_global_array calls, the same loader batches, the same read-backs)."
+        )
+    return [e[1:] for e in every]
+
+
+def _build_rendezvous(mesh: Mesh) -> None:
+    """Before a ``DeviceMesh`` is built (collective: every rank must build it): every process
+    must be building this mesh; bounded by the default group's timeout, and the error names the
+    ranks that did not come. A mesh entered on one rank only fails here instead of hanging."""
+    _exchange(f"building the DeviceMesh of {mesh!r} (every process must enter it)", [])
+
+
+def _bound(dm: DeviceMesh) -> DeviceMesh:
+    """``dm`` with its groups' timeout set to the default group's (new_group's is 30 min)."""
+    if dist.get_world_size() > 1:
+        collective.bound_timeouts([dm.get_group(i) for i in range(dm.ndim)])
+    return dm
+
+
 class _Groups:
-    """Per default process group: the DeviceMeshes built for meshes without one, and the
-    gloo group of the agreement check (its own group, so that a loader thread's check never
-    interleaves with a step's collectives on the default group)."""
+    """Per default process group: the DeviceMeshes built for meshes without one."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.world: Any = None
         self.meshes: dict[Mesh, DeviceMesh] = {}
-        self.agreement: Any = None
 
     def _current(self) -> None:
         world = dist.group.WORLD
         if self.world is not world:
-            self.world, self.meshes, self.agreement = world, {}, None
+            self.world, self.meshes = world, {}
 
     def device_mesh(self, mesh: Mesh) -> DeviceMesh:
         with self.lock:
             self._current()
             dm = self.meshes.get(mesh)
             if dm is None:
+                _build_rendezvous(mesh)
                 ids = torch.as_tensor(np.asarray(mesh.devices))
-                dm = DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names)
+                dm = _bound(DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names))
                 self.meshes[mesh] = dm
             return dm
-
-    def agreement_group(self) -> Any:
-        with self.lock:
-            self._current()
-            if self.agreement is None:
-                self.agreement = dist.new_group(backend="gloo")
-            return self.agreement
 
 
 _GROUPS = _Groups()
@@ -192,7 +227,9 @@ def create_mesh(grid: np.ndarray, axis_names: Sequence[str]) -> Mesh:
     """A dtensor ``Mesh`` over the rank grid ``grid``, with its ``DeviceMesh`` (collective)."""
     require_process_group()
     names = tuple(axis_names)
-    _check_rank_order(Mesh(grid, names, backend="dtensor"))  # validates before any collective
+    mesh = Mesh(grid, names, backend="dtensor")
+    _check_rank_order(mesh)  # validates before any collective
+    _build_rendezvous(mesh)
     device_type = _device_type()
     default_layout = np.array_equal(grid.reshape(-1), np.arange(grid.size))
     topology_aware = devices.topology_aware(device_type) if default_layout else None
@@ -202,7 +239,7 @@ def create_mesh(grid: np.ndarray, axis_names: Sequence[str]) -> Mesh:
         dm = init_device_mesh(device_type, tuple(grid.shape), mesh_dim_names=names)
     else:
         dm = DeviceMesh(device_type, torch.as_tensor(grid), mesh_dim_names=names)
-    return mesh_from_device_mesh(dm)
+    return mesh_from_device_mesh(_bound(dm))
 
 
 def _topology_aware_mesh(
@@ -369,6 +406,78 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+def _check_sizes(x: DTensor, what: str) -> None:
+    """Before a gather: every process must hold a DTensor of the same global shape, dtype,
+    placements and mesh, and its local block must be the one DTensor expects. Otherwise gloo's
+    all-gather would abort one process and leave another with uninitialised memory (processes
+    that passed different shapes with the agreement check off). Checked through one exchange,
+    so every process raises the same error."""
+    expected = tuple(_local_offset(x)[0])
+    local = tuple(x.to_local().shape)
+    dtype = str(x.dtype).removeprefix("torch.")
+    layout = f"placements {list(x.placements)} on ranks {x.device_mesh.mesh.tolist()}"
+    item = f"a DTensor of global shape {tuple(x.shape)}, {dtype}, {layout}"
+    if local != expected:
+        item += f", whose local block is {local} where DTensor expects {expected}"
+    every = _exchange(f"{what}: checking sizes before the gather", [item])
+    if every is None:
+        return
+    groups: dict[str, list[int]] = {}
+    for r, e in enumerate(every):
+        groups.setdefault(e[0], []).append(r)
+    seen = "; ".join(f"{d} on rank(s) {rs}" for d, rs in groups.items())
+    raise ProcessDisagreementError(
+        f"{what}: every process must gather the same tensor, but found {seen}. The "
+        "processes passed different shapes or dtypes when it was made (with the agreement "
+        "check off, see set_agreement_check, or DTensor.from_local with a wrong shape); "
+        "nothing was gathered."
+    )
+
+
+def _checksum(t: torch.Tensor) -> str:
+    """A 16-hex-digit blake2b of ``t``'s bytes (any dtype; bit patterns, so -0.0 != 0.0)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy() if flat.numel() else b""
+    return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def check_values(tree: Any, argname: str, what: str) -> None:
+    """Processes whose blocks of a DTensor in ``tree`` cover the same global ranges must hold
+    the same values (``set_value_check``): one exchange of a checksum per leaf and process."""
+    leaves, treespec = flatten(tree)
+    mine = []
+    for x in leaves:
+        if not isinstance(x, DTensor):
+            mine.append("-")
+            continue
+        shape, offset = _local_offset(x)
+        ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
+        mine.append(f"{ranges} {_checksum(x.to_local())}")
+    every = collective.gather_all(f"{what}: the value check", mine)
+    if every is None:
+        return
+    where = LazyPaths(treespec, argname)
+    for i in range(len(leaves)):
+        by_ranges: dict[str, dict[str, list[int]]] = {}
+        for r, items in enumerate(every):
+            ranges, _, checksum = items[i].rpartition(" ")
+            by_ranges.setdefault(ranges, {}).setdefault(checksum, []).append(r)
+        for ranges, sums in by_ranges.items():
+            if len(sums) > 1:
+                seen = "; ".join(f"checksum {c} on rank(s) {rs}" for c, rs in sums.items())
+                raise ProcessDisagreementError(
+                    f"{where[i]}: {what}: the ranks {sorted(r for rs in sums.values() for r in rs)}"
+                    f" hold the same block (global ranges {ranges}, one (start, stop) per "
+                    f"dimension) and must pass the same values, but found {seen}. A replicated "
+                    "leaf (P()) or a mesh axis the spec leaves free gives several processes the "
+                    "same block: give them equal values, or shard the leaf over that axis."
+                )
+
+
+def _nothing() -> None:
+    return None
+
+
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -401,8 +510,6 @@ class DTensorBackend:
 
     def prepare(self, mesh: Mesh) -> None:
         device_mesh(mesh)
-        if dist.get_world_size() > 1:  # made here (collective), even if the check is off now
-            _GROUPS.agreement_group()
 
     def deactivate(self, mesh: Mesh, outer: Mesh | None) -> None:
         return None  # DTensors carry their DeviceMesh; there is no global mesh to restore
@@ -477,7 +584,9 @@ class DTensorBackend:
         rank = dist.get_rank()
         locals_, ranges = [], []
         for x in tensors:
-            x = _without_partial(x)
+            if any(p.is_partial() for p in x.placements):
+                with guarded("global_to_host_array: reducing a Partial placement"):
+                    x = _without_partial(x)
             shape, offset = _local_offset(x)
             ranges.append(tuple((o, o + n) for o, n in zip(offset, shape, strict=True)))
             locals_.append(x.to_local())
@@ -492,13 +601,17 @@ class DTensorBackend:
         return {dist.get_rank(): tuple((o, o + n) for o, n in zip(offset, shape, strict=True))}
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        x = _without_partial(x)
-        if all(p.is_replicate() for p in x.placements):
-            return _host_copy(x.to_local())
-        view = _BYTE_VIEWS.get(x.dtype)
-        if view is not None:
-            return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
-        return x.full_tensor().detach().cpu()
+        what = "replicate_to_local_data"
+        if not all(p.is_replicate() for p in x.placements):
+            _check_sizes(x, what)  # before the collective, whatever the agreement switch says
+        with guarded(f"{what}: gathering a tensor of shape {tuple(x.shape)}"):
+            x = _without_partial(x)
+            if all(p.is_replicate() for p in x.placements):
+                return _host_copy(x.to_local())
+            view = _BYTE_VIEWS.get(x.dtype)
+            if view is not None:
+                return _reinterpret(x, view).full_tensor().view(x.dtype).cpu()
+            return x.full_tensor().detach().cpu()
 
     def annotate(
         self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
@@ -523,23 +636,27 @@ class DTensorBackend:
             target = _keeping(mesh, axes, keep, current, target)
         if all(type(a) is type(b) and a == b for a, b in zip(current, target, strict=True)):
             return x
-        return _redistribute(x, x.device_mesh, target)
+        with guarded(f"maybe_shard: redistributing a tensor of shape {tuple(x.shape)}"):
+            return _redistribute(x, x.device_mesh, target)
 
     def full_local(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, DTensor):
             return x
-        x = _without_partial(x)
-        if all(p.is_replicate() for p in x.placements):
-            return x.to_local()
-        view = _BYTE_VIEWS.get(x.dtype)
-        if view is not None:
-            return _reinterpret(x, view).full_tensor().view(x.dtype)
-        return x.full_tensor()
+        with guarded(f"dispatch: gathering a key of shape {tuple(x.shape)}"):
+            x = _without_partial(x)
+            if all(p.is_replicate() for p in x.placements):
+                return x.to_local()
+            view = _BYTE_VIEWS.get(x.dtype)
+            if view is not None:
+                return _reinterpret(x, view).full_tensor().view(x.dtype)
+            return x.full_tensor()
 
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, DTensor):
             return x.index_select(0, index.to(x.device))
-        return _take_rows(x, self.full_local(index))
+        index = self.full_local(index)
+        with guarded(f"dispatch: gathering rows of a tensor of shape {tuple(x.shape)}"):
+            return _take_rows(x, index)
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)
@@ -548,25 +665,30 @@ class DTensorBackend:
         return agreement_check_enabled() and dist.get_world_size() > 1
 
     def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
-        if not self.compares_processes(mesh):
-            return
-        every = self.exchange(mesh, call.describe())
-        if every is not None:
-            raise disagreement(what, every, call.path)
+        self.agree_begin(mesh, call, what=what)()
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
+        if not self.compares_processes(mesh):
+            return _nothing
+        end = collective.begin(what, call.describe())
+
+        def agree_end() -> None:
+            every = _in_step(what, end())
+            if every is not None:
+                raise disagreement(what, every, call.path)
+
+        return agree_end
+
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        if value_check_enabled() and dist.get_world_size() > 1:
+            check_values(tree, argname, what)
+
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         if not self.compares_processes(mesh):
             return None
-        world = dist.get_world_size()
-        group = _GROUPS.agreement_group()
-        mine = torch.tensor([digest(items)], dtype=torch.int64)
-        hashes = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(hashes, mine, group=group)
-        if all(bool(h == hashes[0]) for h in hashes):
-            return None
-        every: list[Any] = [None] * world
-        dist.all_gather_object(every, list(items), group=group)
-        return every
+        return _exchange(what, items)
 
 
 BACKEND = DTensorBackend()

@@ -509,7 +509,15 @@ class XlaBackend:
     def agree(self, mesh: Mesh, call: AgreementCall, *, what: str) -> None:
         return None
 
-    def exchange(self, mesh: Mesh, items: Sequence[str]) -> list[list[str]] | None:
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
+        return lambda: None
+
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        return None  # one controller: virtual_hosts checks replicas itself
+
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
         return None
 
 

@@ -32,12 +32,15 @@ from typing import Any
 from torchshard._core.errors import ProcessDisagreementError
 
 ENV_VAR = "TORCHSHARD_AGREEMENT_CHECK"
+VALUES_ENV_VAR = "TORCHSHARD_VALUE_CHECK"
+_OFF = ("0", "false", "off", "")
 
 
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in ("0", "false", "off")
+        self.enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in _OFF
+        self.values = os.environ.get(VALUES_ENV_VAR, "0").strip().lower() not in _OFF
 
 
 _STATE = _State()
@@ -64,6 +67,39 @@ def set_agreement_check(enabled: bool, /) -> bool:
     with _STATE.lock:
         old, _STATE.enabled = _STATE.enabled, enabled
     return old
+
+
+def set_value_check(enabled: bool, /) -> bool:
+    """Turns the cross-process value check on or off (off by default); returns the old setting.
+
+    With one process per device (the DTensor backend), processes whose blocks of a leaf cover
+    the same global ranges (a replicated leaf, ``P()``; or a mesh axis the leaf's spec leaves
+    free) must pass the same values: each process's block is what its own device holds, so
+    replicas that differ are silently wrong (``replicate_to_local_data`` shows one process's).
+    With this check on, ``host_to_global_array`` and every ``GlobalBatchLoader`` batch
+    exchange a checksum of each process's block and raise ``ProcessDisagreementError`` on
+    every process, naming the leaf and the ranks, when blocks of the same ranges differ.
+
+    The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange
+    through the default store in which every process reads every other's checksums (see
+    docs/design.md for measurements). Environment variable: ``TORCHSHARD_VALUE_CHECK=1``.
+    The torch_xla backend does not check across processes.
+
+    Example:
+        >>> previous = torchshard.set_value_check(True)
+        >>> torchshard.set_value_check(previous)
+        True
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_value_check: expected a bool, but got {enabled!r}.")
+    with _STATE.lock:
+        old, _STATE.values = _STATE.values, enabled
+    return old
+
+
+def value_check_enabled() -> bool:
+    """Whether processes compare the values of blocks that cover the same ranges."""
+    return _STATE.values
 
 
 def agreement_check_enabled() -> bool:

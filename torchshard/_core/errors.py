@@ -43,6 +43,12 @@ class ProcessDisagreementError(ShardingError):
     that must see the same ones on every process (raised on every process)."""
 
 
+class CollectiveError(RuntimeError):
+    """A collective torchshard issued across processes did not complete: a process did not
+    answer within the default process group's timeout, or a peer was lost. The message names
+    torchshard's call (a loader's names the batch) and the ranks that did not answer."""
+
+
 class UnsupportedPartitionError(TypeError, NotImplementedError):
     """A ``partition`` that is neither a ``DataPartitionType``, a ``PartitionSpec`` nor a tree
     of them (a ``TypeError``; also a ``NotImplementedError``, as axlearn raises)."""

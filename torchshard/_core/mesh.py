@@ -38,6 +38,11 @@ class Mesh:
         axis_names: one distinct name per dimension of ``devices``.
         backend: ``"xla"`` (torch_xla SPMD, the default) or ``"dtensor"``.
 
+    On the ``"dtensor"`` backend, entering a mesh built by hand (``with mesh:``) builds its
+    ``DeviceMesh`` the first time, which is collective: every process must enter it. A process
+    that enters it alone fails with ``CollectiveError`` after the default process group's
+    timeout (``init_process_group(timeout=...)``), naming the ranks that did not come.
+
     Example:
         >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
         >>> dict(mesh.shape), mesh.size

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchshard._core.agreement import outcome_disagreement
+from torchshard._core.agreement import outcome_disagreement, value_check_enabled
 from torchshard._core.mesh import thread_mesh
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import OUTCOME, Ended, Made, Producer
@@ -102,6 +102,9 @@ class Epoch(Iterator[Any]):
             raise
         try:
             self._agree(made.outcome, made.where, None)
+            if made.outcome is not None and value_check_enabled():
+                what = f"GlobalBatchLoader: batch {self._next}"
+                self._backend.check_values(self._mesh, made.batch, argname="batch", what=what)
         except BaseException:
             self.close()
             raise
@@ -124,11 +127,12 @@ class Epoch(Iterator[Any]):
         a note on it instead (its caller re-raises it)."""
         if outcome is None:
             return
-        every = self._backend.exchange(self._mesh, outcome)
+        what = f"GlobalBatchLoader: batch {self._next}"
+        every = self._backend.exchange(self._mesh, outcome, what=what)
         if every is None:
             return
         problem = outcome_disagreement(
-            f"GlobalBatchLoader: batch {self._next}",
+            what,
             every,
             where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}"),
         )

@@ -6,11 +6,15 @@ Methods, called in lockstep on every rank (a barrier before each sample):
 
 - ``torchshard``: ``host_to_global_array`` with the cross-process agreement check (default).
 - ``torchshard unchecked``: the same with ``set_agreement_check(False)``.
+- ``torchshard + value check``: the same with the opt-in ``set_value_check(True)``.
 - ``from_local``: ``DTensor.from_local`` of a copy of each block, by hand (the ceiling).
 
 Cases: a small batch (8 leaves of per-process [32, 16] float32, where fixed per-call costs
-dominate) and the ``h2g`` batches (1 and 8 leaves of global [1024, 2048] float32). Figures are
-microseconds per call (median over samples, taken on rank 0).
+dominate) and the ``h2g`` batches (1 and 8 leaves of global [1024, 2048] float32); ``--quick``
+runs the small batch only, with fewer samples. Figures are microseconds per call (median over
+samples, taken on rank 0). ``agreement check`` is the check's own cost per call: the median
+over samples of (checked - unchecked), each sample timing both back to back; ``value check``
+likewise (value-checked - checked).
 """
 
 from __future__ import annotations
@@ -39,22 +43,25 @@ SAMPLES, MIN_SECONDS, TIMEOUT = 15, 0.03, 900
 def run(report: Report) -> None:
     """Starts the worker processes and records their figures and ratios."""
     report.progress(f"dtensor: {PROCESSES} gloo processes")
-    secs = run_gloo_workers("torchshard._tools.bench.dtensor", PROCESSES)
+    env = {"TORCHSHARD_BENCH_QUICK": "1"} if report.quick else {}
+    secs = run_gloo_workers("torchshard._tools.bench.dtensor", PROCESSES, env=env)
     for case, by_method in secs.items():
         for method, s in by_method.items():
             report.figure(NAME, case, method, s * 1e6, "us/call")
         base = by_method["from_local"]
-        for method in ("torchshard unchecked", "torchshard"):
+        for method in ("torchshard unchecked", "torchshard"):  # not the check's own cost
             report.ratio(NAME, case, method, "from_local", base / by_method[method])
     report.notes.append(
-        f"dtensor: agreement check = torchshard - torchshard unchecked, {PROCESSES} processes "
-        "over gloo on loopback"
+        f"dtensor: agreement check = median of (torchshard - torchshard unchecked) per sample, "
+        f"{PROCESSES} processes over gloo on loopback, the exchange over the default store"
     )
 
 
-def run_gloo_workers(module: str, processes: int) -> Any:
+def run_gloo_workers(module: str, processes: int, env: dict[str, str] | None = None) -> Any:
     """Runs ``python -m module`` on ``processes`` fresh interpreters joined over gloo on
-    127.0.0.1 (no torch_xla); returns what rank 0 wrote to ``TORCHSHARD_BENCH_OUT`` (JSON)."""
+    127.0.0.1 (no torch_xla), with ``env`` added to their environment; returns what rank 0
+    wrote to ``TORCHSHARD_BENCH_OUT`` (JSON)."""
+    extra = env or {}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -62,7 +69,7 @@ def run_gloo_workers(module: str, processes: int) -> Any:
         out = os.path.join(tmp, "figures.json")
         env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(processes))
-        env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out)
+        env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out, **extra)
         # The workers' output (gloo's connection lines) goes to a log, shown only on failure,
         # so that it does not break up the table on stdout or the progress bar on stderr.
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "w+b") for r in range(processes)]
@@ -108,11 +115,15 @@ def finish_gloo_worker(figures: Any) -> None:
     dist.destroy_process_group()
 
 
-def measure(methods: dict[str, Callable[[], Any]]) -> dict[str, float]:
+def measure(
+    methods: dict[str, Callable[[], Any]], differences: dict[str, tuple[str, str]] | None = None
+) -> dict[str, float]:
     """Median seconds per call of each method, called in lockstep by every rank (a barrier
-    before each sample; the calls per sample are rank 0's, shared)."""
+    before each sample; the calls per sample are rank 0's, shared). ``differences``: name ->
+    (a, b), the median over samples of a's time minus b's (both timed in each sample)."""
     import torch.distributed as dist
 
+    samples_n = 5 if os.environ.get("TORCHSHARD_BENCH_QUICK") else SAMPLES
     for fn in methods.values():
         for _ in range(3):
             fn()
@@ -125,14 +136,17 @@ def measure(methods: dict[str, Callable[[], Any]]) -> dict[str, float]:
         reps.append(max(1, int(MIN_SECONDS / max(time.perf_counter() - t0, 1e-6))))
     dist.broadcast_object_list(reps, src=0)
     samples: dict[str, list[float]] = {name: [] for name in methods}
-    for _ in range(SAMPLES):
+    for _ in range(samples_n):
         for (name, fn), n in zip(methods.items(), reps, strict=True):
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - t0) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    out = {name: statistics.median(s) for name, s in samples.items()}
+    for name, (a, b) in (differences or {}).items():
+        out[name] = statistics.median(x - y for x, y in zip(samples[a], samples[b], strict=True))
+    return out
 
 
 def _worker() -> None:
@@ -146,8 +160,10 @@ def _worker() -> None:
     world = dist.get_world_size()
     mesh = ts.create_device_mesh((world,), ("data",), backend="dtensor")
     figures = {}
+    quick = bool(os.environ.get("TORCHSHARD_BENCH_QUICK"))
+    cases = dict(list(CASES.items())[:1]) if quick else CASES
     with mesh:
-        for case, (leaves, rows, cols) in CASES.items():
+        for case, (leaves, rows, cols) in cases.items():
             local = rows // world if rows >= 1024 else rows
             batch = {f"x{i}": torch.randn(local, cols) for i in range(leaves)}
             spec = ts.P("data")
@@ -172,9 +188,21 @@ def _worker() -> None:
                     for k, t in batch.items()
                 }
 
+            def values(batch: Any = batch, spec: Any = spec) -> Any:
+                old = ts.set_value_check(True)
+                try:
+                    return ts.host_to_global_array(batch, partition=spec)
+                finally:
+                    ts.set_value_check(old)
+
             methods = {"torchshard": checked, "torchshard unchecked": unchecked}
+            methods["torchshard + value check"] = values
             methods["from_local"] = direct
-            figures[case] = measure(methods)
+            diff = {
+                "agreement check": ("torchshard", "torchshard unchecked"),
+                "value check": ("torchshard + value check", "torchshard"),
+            }
+            figures[case] = measure(methods, diff)
     finish_gloo_worker(figures)
 
 

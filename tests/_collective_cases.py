@@ -1,0 +1,206 @@
+"""Cases of processes that fall out of step, die or disagree (run by ``_multiproc``'s workers as
+``"_collective_cases:<name>"``; pure torch, no torch_xla).
+
+Each case returns the error text each rank saw (``"no error"`` when none) and how long the
+failing call took, so that the test process can check that nobody waited past the default
+group's timeout and that the error names torchshard's call and the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _ts() -> Any:
+    import torchshard
+
+    return torchshard
+
+
+def _mesh(world: int) -> Any:
+    ts = _ts()
+    return ts.create_device_mesh((world,), ("data",), backend="dtensor")
+
+
+def _timed(fn: Any) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        fn()
+        error = "no error"
+    except Exception as e:  # noqa: BLE001 -- the message is the result
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.monotonic() - t0}
+
+
+def skip_call() -> dict[str, Any]:
+    """Rank 1 stays alive but skips a ``host_to_global_array`` that rank 0 makes."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    mesh = _mesh(dist.get_world_size())
+    with mesh:
+        ts.host_to_global_array(torch.zeros(2, 3))  # in step so far
+        if rank == 1:
+            return {"error": "skipped", "seconds": 0.0}
+        return _timed(lambda: ts.host_to_global_array(torch.zeros(2, 3)))
+
+
+def loader_break() -> dict[str, Any]:
+    """Both ranks iterate a loader; rank 1 breaks out after batch 1, rank 0 goes on."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    mesh = _mesh(dist.get_world_size())
+    source = [{"x": torch.full((2, 4), float(i))} for i in range(6)]
+    with mesh:
+        loader = ts.GlobalBatchLoader(source, prefetch=2)
+
+        def consume() -> None:
+            for i, _ in enumerate(loader):
+                if rank == 1 and i == 1:
+                    break
+
+        out = _timed(consume)
+        loader.close()
+    return out
+
+
+def peer_dies_mid_call(call: str) -> dict[str, Any]:
+    """Rank 1 enters a collective and exits (``os._exit``) while waiting in it; rank 0 enters
+    the same call a moment later. ``call``: ``"gather"`` (``replicate_to_local_data``),
+    ``"redistribute"`` (``maybe_shard`` to replicated: an all-gather) or ``"agreement"``
+    (``host_to_global_array``, whose store-based check rank 1 never enters: it exits first)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = _mesh(world)
+    with mesh:
+        g = ts.host_to_global_array(torch.arange(8.0).reshape(4, 2) + rank)
+        ts.maybe_shard(g, ts.P())  # in step: every rank made these calls
+        if call == "agreement":  # the store-based check: rank 1 exits before it
+            if rank == 1:
+                os._exit(3)
+            return _timed(lambda: ts.host_to_global_array(torch.zeros(2, 3)))
+        if rank == 1:
+            threading.Timer(0.5, os._exit, args=(3,)).start()
+        else:
+            time.sleep(1.0)  # rank 1 is waiting in the call, then dies
+        if call == "gather":
+            return _timed(lambda: ts.replicate_to_local_data(g))
+        return _timed(lambda: ts.maybe_shard(g, ts.P()))
+
+
+def mesh_on_one_rank() -> dict[str, Any]:
+    """Rank 0 alone enters a hand-built two-axis mesh (building its DeviceMesh is collective)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank != 0:
+        return {"error": "did not enter", "seconds": 0.0}
+    mesh = ts.Mesh(np.arange(world).reshape(1, world), ("data", "model"), backend="dtensor")
+
+    def enter() -> None:
+        with mesh:
+            pass
+
+    return _timed(enter)
+
+
+def out_of_step() -> dict[str, Any]:
+    """Rank 0 calls ``host_to_global_array`` where rank 1 takes a loader batch of the same tree,
+    shapes and dtypes: the descriptions agree, the calls do not."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    batch = {"x": torch.zeros(2, 4)}
+    with _mesh(dist.get_world_size()):
+        if rank == 0:
+            out = _timed(lambda: ts.host_to_global_array(batch))
+        else:
+            out = _timed(lambda: next(iter(ts.GlobalBatchLoader([batch], prefetch=0))))
+        # Still in step: the next call works everywhere.
+        out["after"] = tuple(ts.host_to_global_array(batch)["x"].shape)
+    return out
+
+
+def readback_of_disagreeing_shapes() -> dict[str, Any]:
+    """With the agreement check off, rank 1 passes 3 rows where rank 0 passes 4: each builds a
+    DTensor of another global shape. Reading it back must fail on both, before the gather."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    old = ts.set_agreement_check(False)
+    try:
+        with _mesh(dist.get_world_size()):
+            g = ts.host_to_global_array({"x": torch.ones(4 - rank, 2)}, partition=ts.P("data"))
+            out = _timed(lambda: ts.replicate_to_local_data(g))
+            good = ts.host_to_global_array({"x": torch.ones(2, 2)}, partition=ts.P("data"))
+            out["after"] = ts.replicate_to_local_data(good)["x"].shape[0]
+    finally:
+        ts.set_agreement_check(old)
+    return out
+
+
+def agreement_cost(calls: int = 200) -> dict[str, float]:
+    """Seconds per ``host_to_global_array`` call of 8 small leaves, with and without the
+    agreement check (for a loose bound in the tests; the bench measures it properly)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    batch = {f"x{i}": torch.zeros(32, 16) for i in range(8)}
+    out = {}
+    with _mesh(dist.get_world_size()):
+        for checked in (True, False, True):
+            old = ts.set_agreement_check(checked)
+            try:
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    ts.host_to_global_array(batch)
+                out[str(checked)] = (time.perf_counter() - t0) / calls
+            finally:
+                ts.set_agreement_check(old)
+    return out
+
+
+def replica_values(kind: str, check: bool) -> dict[str, Any]:
+    """Processes that hold the same block pass values that differ by rank. ``kind``:
+    ``"replicated"`` (``P()`` on a 1-D mesh), ``"loader"`` (the same through a loader),
+    ``"shared"`` (``P("data")`` on a ``(2, 2)`` mesh of 4 processes: ranks 0, 1 and 2, 3 share
+    blocks), ``"equal"`` (shared blocks with equal values: no error)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    old = ts.set_value_check(check)
+    try:
+        if kind in ("shared", "equal"):
+            mesh = ts.create_device_mesh((2, world // 2), ("data", "model"), backend="dtensor")
+            spec = ts.P("data")
+            value = rank // 2 if kind == "equal" else rank
+        else:
+            mesh = _mesh(world)
+            spec, value = ts.P(), rank
+        batch = {"w": torch.full((4, 2), float(value)), "ok": torch.zeros(4, 2)}
+        with mesh:
+            if kind == "loader":
+                loader = ts.GlobalBatchLoader([batch], partition=spec, prefetch=0)
+                out = _timed(lambda: list(loader))
+            else:
+                out = _timed(lambda: ts.host_to_global_array(batch, partition=spec))
+            out["after"] = tuple(ts.host_to_global_array({"x": torch.ones(2, 2)})["x"].shape)
+    finally:
+        ts.set_value_check(old)
+    return out

@@ -1,0 +1,315 @@
+"""Bounded, named cross-process steps of the DTensor backend: the agreement exchange over the
+default group's store, arrival records, and the error that names the call and the ranks.
+
+Every process records, before each collective torchshard issues (the agreement exchange, a
+loader batch's outcome exchange, a read-back gather, a dispatch or constraint collective), its
+arrival in the default process group's store: one key per rank, ``at/<rank>``, holding the
+call's sequence number and name (a ``set``, which TCPStore does not acknowledge: a few
+microseconds, nothing waits). When a collective times out or loses a peer, each process reads
+the others' keys, so the error names torchshard's call, the batch (a loader's call names it)
+and the ranks that did not answer, with the last call each of them entered.
+
+The agreement exchange itself runs over the store, not over a process group: each process
+``compare_set``s its call's 8-byte digest against the first one written for that call, ``add``s
+itself to the call's arrival count (adding a large constant when its digest differed), and the
+last to arrive writes the verdict that the others ``get``. That is three round trips to the
+store and no helper thread (a gloo all-gather is ~0.6 ms on loopback, most of it the wake-up of
+gloo's worker thread), and it waits at most the store's timeout, which
+``init_process_group(timeout=...)`` sets. Only when digests differ are the descriptions
+themselves written and read. The digest and count keys live in a ring of four slots per
+thread, each reset by the last arrival of the exchange before its next use (unacknowledged
+``set``s); only the verdict key is per call, deleted by the last arrival of the next exchange,
+so the store does not grow.
+
+The collectives of the ``DeviceMesh``es torchshard builds run on groups whose timeout is set to
+the default group's (torch's ``new_group`` would give them 30 minutes).
+
+After a timeout the processes are out of step (some left a call the others are still in): the
+error says so; end the run, as after any timed-out torch collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from torchshard._core.agreement import digest
+from torchshard._core.errors import CollectiveError
+
+PREFIX = "torchshard/"
+_BAD = 1 << 32  # added to a call's arrival count by a process whose digest differed
+_SLOTS = 4  # the digest and count keys of a thread's calls are reused in a ring of this size
+GRACE = 2.0  # seconds a process whose collective failed waits for the others to report
+
+
+def _private_torch() -> Any:
+    """torch 2.9.0 private API, every use of it in this module: the default group's store
+    (``_get_default_store``, which torch's own store-based barriers use) and
+    ``_set_pg_timeout`` (to give a ``DeviceMesh``'s groups the default group's timeout)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store, c10d._set_pg_timeout
+
+
+def is_comm_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from torch.distributed's transport (a timeout, a lost peer)
+    rather than from the arguments of the collective."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        s in text for s in ("/gloo/", "Connection closed", "Connection reset", "Timed out", "NCCL")
+    )
+
+
+class _Session:
+    """torchshard's collective state on one default process group."""
+
+    def __init__(self, world: Any) -> None:
+        get_store, _ = _private_torch()
+        self.group = world
+        self.default_store = get_store()
+        self.local = threading.local()
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.timeout = self.default_store.timeout.total_seconds()
+        # Keys of an earlier default group on the same store (torchrun's agent store outlives
+        # init_process_group) must not be read as this one's: every process counts itself in.
+        generation = (self.default_store.add(PREFIX + "generation", 1) - 1) // self.world
+        self.prefix = f"{PREFIX}{generation}/"
+        self.seq: dict[str, int] = {}  # per stream (calling thread's name): calls entered
+        self.exchanges: dict[str, int] = {}  # per stream: exchanges begun (the slot ring's)
+        self.previous: dict[str, int] = {}  # per stream: the call number of the last exchange
+        self.bad: set[str] = set()  # calls whose digests differed (their descriptions to delete)
+        self.lock = threading.Lock()
+
+    @property
+    def store(self) -> Any:
+        """This thread's client of the default store (a client is one connection, and a
+        waiting ``get`` holds it: a loader thread and the main thread must not share one)."""
+        store = getattr(self.local, "store", None)
+        if store is None:
+            store = self.local.store = self.default_store.clone()
+        return store
+
+    def enter(self, what: str) -> tuple[str, int]:
+        """Records this process's arrival at the next call of the calling thread's stream."""
+        stream = threading.current_thread().name
+        with self.lock:
+            n = self.seq[stream] = self.seq.get(stream, 0) + 1
+        self.store.set(f"{self.prefix}at/{stream}/{self.rank}", f"{n}\t{what}")
+        return stream, n
+
+    def begin(self, what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+        """Starts the exchange of ``[what, *items]`` (two short round trips, no waiting) and
+        returns its end: every process's ``[what, *items]`` when they differ, ``None`` when
+        they agree. The end must be called (on every process, on the same thread), also when
+        the caller's own work in between failed."""
+        store, world = self.store, self.world
+        stream, n = self.enter(what)
+        key = f"{self.prefix}{stream}/{n}/"
+        x = self.exchanges[stream] = self.exchanges.get(stream, 0) + 1
+        prev, self.previous[stream] = self.previous.get(stream, 0), n
+        slot = f"{self.prefix}{stream}/slot{x % _SLOTS}/"
+        mine = [what, *items]
+        code = str(digest(mine))
+        try:
+            differs = store.compare_set(slot + "d", "", code).decode() != code
+            count = store.add(slot + "n", _BAD + 1 if differs else 1)
+            last = count % _BAD == world
+            if last:
+                # Reset the next call's slot (its last use ended before this call began), then
+                # the verdict: a process starts the next call only after reading the verdict,
+                # and the store applies one connection's requests in order. Neither waits.
+                nxt = f"{self.prefix}{stream}/slot{(x + 1) % _SLOTS}/"
+                store.set(nxt + "d", "")
+                store.set(nxt + "n", "0")
+                store.set(key + "done", "bad" if count >= _BAD else "ok")
+        except Exception as e:
+            if is_comm_error(e):
+                raise self.failed(stream, n, what, e) from None
+            raise
+
+        def end() -> list[list[str]] | None:
+            try:
+                if last:
+                    verdict = "bad" if count >= _BAD else "ok"
+                    self._forget(f"{self.prefix}{stream}/{prev}/")
+                else:
+                    verdict = store.get(key + "done").decode()
+                if verdict == "ok":
+                    return None
+                self.bad.add(key)
+                store.set(f"{key}desc/{self.rank}", json.dumps(mine))
+                blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
+            except Exception as e:
+                if is_comm_error(e):
+                    raise self.failed(stream, n, what, e) from None
+                raise
+            return [json.loads(b) for b in blobs]
+
+        return end
+
+    def _forget(self, key: str) -> None:
+        """Deletes a call's keys (every process has reached the stream's next call)."""
+        if key.endswith("/0/"):
+            return
+        self.store.delete_key(key + "done")
+        if key in self.bad:
+            self.bad.discard(key)
+            for q in range(self.world):
+                self.store.delete_key(f"{key}desc/{q}")
+
+    def where_is(self, stream: str, q: int) -> tuple[int, str] | None:
+        k = f"{self.prefix}at/{stream}/{q}"
+        if not self.store.check([k]):
+            return None
+        seq, _, what = self.store.get(k).decode().partition("\t")
+        return int(seq), what
+
+    def failed(self, stream: str, n: int, what: str, error: BaseException) -> CollectiveError:
+        """The error of call ``n`` (``what``) whose collective failed with ``error``: it names
+        the ranks that are not in the call, or that did not report within ``GRACE``."""
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        timed_out = "timeout" in cause.lower() or "timed out" in cause.lower()
+        head = (
+            f"{what}: torchshard's collective (call #{n} on rank {self.rank}) "
+            + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
+        )
+        try:
+            fail = f"{self.prefix}fail/{stream}/{n}/"
+            self.store.set(f"{fail}{self.rank}", "")
+            absent, elsewhere = [], []
+            for q in range(self.world):
+                if q == self.rank:
+                    continue
+                at = self.where_is(stream, q)
+                if at is None:
+                    absent.append(f"rank {q} (no torchshard call yet)")
+                elif at != (n, what):
+                    elsewhere.append(f"rank {q} (its last torchshard call: #{at[0]} {at[1]})")
+            if not timed_out:  # a lost peer: those in the call that do not report are gone
+                deadline = time.monotonic() + min(GRACE, self.timeout)
+                quiet = [q for q in range(self.world) if q != self.rank]
+                while quiet and time.monotonic() < deadline:
+                    quiet = [
+                        q for q in quiet if not self.store.check([f"{fail}{q}"])
+                    ]
+                    if quiet:
+                        time.sleep(0.05)
+                for q in quiet:
+                    if self.where_is(stream, q) == (n, what):
+                        absent.append(f"rank {q} (it entered the call, then stopped answering)")
+        except Exception as e:  # noqa: BLE001 -- the store is gone: so is the rank hosting it
+            return CollectiveError(
+                f"{head}; the process group's store is unreachable too ({e!s:.120}), so the "
+                "process hosting it (rank 0, at MASTER_ADDR) has most likely exited. "
+                "Every process must make the same torchshard calls in the same order."
+            )
+        missing = absent + elsewhere
+        who = (
+            "ranks that did not answer: " + ", ".join(missing)
+            if missing
+            else "every rank entered this call"
+        )
+        return CollectiveError(
+            f"{head}; {who}. Every process must make the same torchshard calls in the same "
+            "order: a process that skips a call, leaves a loader loop early or exits leaves "
+            "the others waiting (for at most the default group's timeout, "
+            "init_process_group(timeout=...)). The processes are now out of step: end the run."
+        )
+
+
+_STATE: list[_Session | None] = [None]
+_STATE_LOCK = threading.Lock()
+
+
+def session() -> _Session | None:
+    """The collective state of the current default group (``None`` on one process)."""
+    world = dist.GroupMember.WORLD
+    s = _STATE[0]
+    if s is not None and s.group is world:
+        return s
+    if world is None or dist.get_world_size() == 1:
+        return None
+    with _STATE_LOCK:
+        s = _STATE[0]
+        if s is None or s.group is not world:
+            s = _STATE[0] = _Session(world)
+        return s
+
+
+def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
+    """Every process's ``items`` (``None`` on one process): each writes its own and reads the
+    others' (``world`` reads per process); the last to finish reading deletes the keys."""
+    s = session()
+    if s is None:
+        return None
+    stream, n = s.enter(what)
+    key = f"{s.prefix}{stream}/{n}/all/"
+    store = s.store
+    try:
+        store.set(f"{key}{s.rank}", json.dumps(list(items)))
+        every = [json.loads(store.get(f"{key}{q}")) for q in range(s.world)]
+        if store.add(key + "read", 1) == s.world:
+            for q in range(s.world):
+                store.delete_key(f"{key}{q}")
+            store.delete_key(key + "read")
+    except Exception as e:
+        if is_comm_error(e):
+            raise s.failed(stream, n, what, e) from None
+        raise
+    return every
+
+
+def begin(what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+    """``exchange`` in two halves, so that work that runs no collective (DTensor's
+    ``from_local``) overlaps the wait for the other processes: ``begin`` returns the end."""
+    s = session()
+    return _NOTHING if s is None else s.begin(what, items)
+
+
+def _NOTHING() -> None:
+    return None
+
+
+def exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
+    """Every process's ``[what, *items]`` when some differ, ``None`` when all agree (and on one
+    process). Raises ``CollectiveError`` naming the ranks that did not answer in time."""
+    return begin(what, items)()
+
+
+@contextlib.contextmanager
+def guarded(what: str) -> Iterator[None]:
+    """Records this process's arrival at collective ``what``; a transport failure inside
+    becomes a ``CollectiveError`` naming ``what`` and the ranks that did not answer."""
+    s = session()
+    if s is None:
+        yield
+        return
+    stream, n = s.enter(what)
+    try:
+        yield
+    except Exception as e:
+        if is_comm_error(e):
+            raise s.failed(stream, n, what, e) from e
+        raise
+
+
+def bound_timeouts(groups: Sequence[Any]) -> None:
+    """Gives each of ``groups`` (a ``DeviceMesh``'s, other than the default group) the default
+    group's timeout, which torch's ``new_group`` does not inherit."""
+    s = session()
+    if s is None:
+        return
+    _, set_timeout = _private_torch()
+    for g in groups:
+        if g is not None and g is not s.group:
+            set_timeout(timedelta(seconds=s.timeout), g)
