@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--backend",
+        choices=["auto", "xla", "dtensor"],
+        default="auto",
+        help="xla: --devices emulated XLA devices; dtensor: --devices gloo processes on "
+        "DTensor (default auto: xla when torch_xla is installed, else dtensor)",
+    )
     demo.set_defaults(func=_demo)
     bench = sub.add_parser("bench", help="run benchmarks, print figures and ratios")
     bench.add_argument("name", nargs="?", default="all", choices=[*BENCHES, "all"])
@@ -216,13 +223,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "needs_runtime", True):
-        from torchshard._backend.xla_env import setup_cpu_emulation
+    if args.command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
+        from torchshard._tools.demo import resolve_backend
 
-        setup_cpu_emulation(args.devices)
+        args.backend = resolve_backend(args.backend)
+        args.needs_runtime = args.backend == "xla"
     from torchshard._core.errors import MissingDependencyError
 
     try:
+        if getattr(args, "needs_runtime", True):
+            from torchshard._backend.xla_env import setup_cpu_emulation
+
+            setup_cpu_emulation(args.devices)
         return int(args.func(args))
     except MissingDependencyError as e:
         print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
