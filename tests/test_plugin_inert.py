@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HIDE_XLA = (
@@ -80,3 +81,20 @@ def test_no_torchshard_keeps_the_ini_option_known_in_this_repo():
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert " passed" in run.stdout and "warning" not in run.stdout.lower()
+
+
+def test_stateful_dataloader_runs_under_filterwarnings_error():
+    """torchdata's StatefulDataLoader calls ``torch.set_vital``, which torch 2.15 deprecates:
+    pyproject.toml ignores that one warning (by message, category and module) and no other."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    batches = [b.tolist() for b in StatefulDataLoader(list(range(6)), batch_size=3)]
+    assert batches == [[0, 1, 2], [3, 4, 5]]
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert ini["filterwarnings"] == [
+        "error",
+        (
+            "ignore:'set_vital' is deprecated:UserWarning:"
+            "torchdata.stateful_dataloader.stateful_dataloader"
+        ),
+    ]
