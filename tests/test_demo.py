@@ -91,3 +91,13 @@ def test_demo_on_dtensor_refuses_virtual_hosts_and_uneven_batches():
             f"({args[-1] if args[-2] == '--hosts' else 1}) must be 1 and --batch "
             f"({args[-1] if args[-2] == '--batch' else 256}) a multiple of the process count\n"
         )
+
+
+def test_demo_on_xla_without_torch_xla_names_the_extra():
+    run = demo("--backend", "xla", xla=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.startswith(
+        "python -m torchshard demo: error: setup_cpu_emulation (emulated XLA devices) needs "
+        "torch_xla, which is not installed; install the extra with `pip install "
+        "'torchshard[xla]'`"
+    )
