@@ -21,6 +21,28 @@ DTYPES = {str(dt).removeprefix("torch."): dt for dt in helpers.DTYPES}
 # -- inputs and the layout oracle (also used by the test process) ---------------------------
 
 
+def placement_names(placements: Any) -> list[str]:
+    """Version-independent names of DTensor placements, from what each one is (its type and
+    ``is_shard``/``is_replicate``/``is_partial``), never from its text (``str(Partial())`` is
+    'P' on torch 2.9 and 'P(sum)' on 2.15): ``"S(d)"``, ``"R"``, ``"P"``, and ``"_S(d,k)"``
+    for a ``_StridedShard`` (split factor ``k``)."""
+    from torchshard._backend._torch_private import is_strided_shard
+
+    out = []
+    for p in placements:
+        if is_strided_shard(p):  # checked first: up to torch 2.13 it is also a Shard
+            out.append(f"_S({p.dim},{p.split_factor})")
+        elif p.is_shard():
+            out.append(f"S({p.dim})")
+        elif p.is_replicate():
+            out.append("R")
+        elif p.is_partial():
+            out.append("P")
+        else:
+            raise AssertionError(f"unknown placement {p!r}")
+    return out
+
+
 def global_value(shape: tuple[int, ...], dtype: str, seed: int = 0) -> torch.Tensor:
     """A deterministic global array of ``shape`` and ``dtype`` (every bit pattern matters)."""
     gen = torch.Generator().manual_seed(seed)
@@ -137,7 +159,7 @@ def roundtrip(
         "shape": tuple(x.shape),
         "stride": tuple(x.stride()),
         "dtype": str(x.dtype),
-        "placements": [str(p) for p in x.placements],
+        "placements": placement_names(x.placements),
         "spec_shape": tuple(specs.shape),
         "local": x.to_local().clone(),
         "shard_ranges": shard.ranges,
@@ -276,18 +298,18 @@ def annotate() -> dict[str, Any]:
     with mesh:
         rep = ts.host_to_global_array(g, partition=ts.P())
         sharded = backend.annotate(rep, mesh, dim_axes(mesh, ts.P("data"), 2))
-        out["to_shard"] = ([str(p) for p in sharded.placements], sharded.to_local().clone())
+        out["to_shard"] = (placement_names(sharded.placements), sharded.to_local().clone())
         out["same_object_if_unchanged"] = (
             backend.annotate(sharded, mesh, dim_axes(mesh, ts.P("data"), 2)) is sharded
         )
         back = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(), 2))
-        out["to_replicate"] = ([str(p) for p in back.placements], back.to_local().clone())
+        out["to_replicate"] = (placement_names(back.placements), back.to_local().clone())
         cols = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(None, "data"), 2))
-        out["to_dim1"] = ([str(p) for p in cols.placements], ts.replicate_to_local_data(cols))
+        out["to_dim1"] = (placement_names(cols.placements), ts.replicate_to_local_data(cols))
         i16 = ts.host_to_global_array(g[2 * rank : 2 * rank + 2].to(torch.int16))
         moved = backend.annotate(i16, mesh, dim_axes(mesh, ts.P(), 2))
         out["int16"] = (
-            [str(p) for p in moved.placements],
+            placement_names(moved.placements),
             moved.to_local().clone(),
             str(moved.dtype),
         )
@@ -310,7 +332,7 @@ def partial_readback() -> dict[str, Any]:
         x = ts.host_to_global_array(g[2 * rank : 2 * rank + 2].clone())
         total = x.sum(0)  # sum over the sharded dim: Partial(sum)
         return {
-            "placements": [str(p) for p in total.placements],
+            "placements": placement_names(total.placements),
             "back": ts.global_to_host_array(total),
             "full": ts.replicate_to_local_data(total),
             "expected": g.sum(0),
@@ -358,8 +380,8 @@ def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
             picked = torch.einsum("pf,pl->lf", both["x"], both["key"].to(torch.float32))
         placed = backend.annotate(picked, mesh, dim_axes(mesh, ts.P("data"), 2))
         return {
-            "picked_placements": [str(p) for p in picked.placements],
-            "placements": [str(p) for p in placed.placements],
+            "picked_placements": placement_names(picked.placements),
+            "placements": placement_names(placed.placements),
             "shape": tuple(placed.shape),
             "local": placed.to_local().clone(),
             "full": ts.replicate_to_local_data(placed),

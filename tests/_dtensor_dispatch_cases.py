@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _dtensor_cases import _catch, _mesh, global_value, host_blocks
+from _dtensor_cases import _catch, _mesh, global_value, host_blocks, placement_names
 
 KEY = "__physical_to_logical_batch_dispatch"
 
@@ -56,7 +56,7 @@ class _Records(logging.Handler):
 def _seen(x: Any) -> dict[str, Any]:
     """What a rank can observe of a DTensor: placements, its block, the full value."""
     return {
-        "placements": [str(p) for p in x.placements],
+        "placements": placement_names(x.placements),
         "shape": tuple(x.shape),
         "local": x.to_local().detach().clone(),
         "full": _ts().replicate_to_local_data(x.detach()),
@@ -466,7 +466,7 @@ def take_rows_layouts() -> dict[str, Any]:
     for name, placements in layouts.items():
         x = DTensor.from_local(g, dm, [Replicate(), Replicate()]).redistribute(dm, placements)
         y = backend.take_rows(x, index)
-        out[name] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}
+        out[name] = {"placements": placement_names(y.placements), "full": y.full_tensor()}
     short = g[: world - 1]  # split over every rank, the last holds no row
     x = DTensor.from_local(short, dm, [Replicate(), Replicate()]).redistribute(
         dm, [Shard(0), Shard(0)]
@@ -474,13 +474,13 @@ def take_rows_layouts() -> dict[str, Any]:
     y = backend.take_rows(x, torch.tensor([world - 2, 0, world - 2]))
     out["short"] = {
         "held": x.to_local().shape[0],
-        "placements": [str(p) for p in y.placements],
+        "placements": placement_names(y.placements),
         "full": y.full_tensor(),
         "expected": short[[world - 2, 0, world - 2]],
     }
     partial = DTensor.from_local(g / world, dm, [Partial(), Partial()], run_check=False)
     y = backend.take_rows(partial, index)
-    out["partial"] = {"placements": [str(p) for p in y.placements], "full": y.full_tensor()}
+    out["partial"] = {"placements": placement_names(y.placements), "full": y.full_tensor()}
     leaf = g.clone().requires_grad_()
     x = DTensor.from_local(leaf, dm, [Replicate(), Replicate()]).redistribute(
         dm, [Shard(0), Shard(0)]

@@ -1,6 +1,12 @@
 """Test set-up. The 8 CPU-emulated SPMD devices come from torchshard's own pytest plugin
 (``torchshard.testing._plugin``, entry point ``pytest11``; ini ``spmd_devices`` in
-pyproject.toml), which configures torch_xla before this file is imported."""
+pyproject.toml), which configures torch_xla before this file is imported.
+
+Without torch_xla (a plain install: torch and DTensor only) the XLA tests skip, saying why: a
+test module that imports torch_xla is skipped whole when collected (``xla_module`` below), and
+the ``mesh8``/``mesh42`` fixtures and the ``xla`` marker skip single tests of mixed modules;
+the pure and DTensor tests run. ``-p no:torchshard`` (a real TPU) keeps the ini option and the
+``spmd`` marker known, and skips ``@pytest.mark.spmd`` tests."""
 
 from __future__ import annotations
 
@@ -9,6 +15,11 @@ import pytest
 from hypothesis import settings
 
 import torchshard as ts
+from torchshard._backend.xla_env import INSTALL_XLA, xla_installed
+
+XLA = xla_installed()
+NO_XLA = f"needs torch_xla, which is not installed (`{INSTALL_XLA}`)"
+NO_PLUGIN = "needs the torchshard pytest plugin, disabled by -p no:torchshard"
 
 # Hypothesis profiles, chosen with --hypothesis-profile (pyproject.toml's addopts picks "ci").
 # "ci": the same examples on every run (derandomized, no example database), so that a red run
@@ -18,9 +29,39 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("explore", derandomize=False, print_blob=True)
 
 
+def pytest_addoption(parser, pluginmanager):
+    if pluginmanager.is_blocked("torchshard"):  # -p no:torchshard: keep its ini option known
+        kind = {"type": "int"} if pytest.version_tuple >= (8, 4) else {}
+        parser.addini("spmd_devices", "unused: the torchshard plugin is disabled", **kind)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"xla: the test {NO_XLA.removeprefix('needs ')}")
+    if config.pluginmanager.is_blocked("torchshard"):
+        config.addinivalue_line("markers", f"spmd(devices): {NO_PLUGIN}")
+
+
+def pytest_collection_modifyitems(config, items):
+    plugin = not config.pluginmanager.is_blocked("torchshard")
+    for item in items:
+        if not XLA and item.get_closest_marker("xla") is not None:
+            item.add_marker(pytest.mark.skip(reason=f"an XLA test: {NO_XLA}"))
+        if not plugin and item.get_closest_marker("spmd") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_PLUGIN))
+
+
+def xla_module(module):
+    """Skips a whole test module (at collection) when torch_xla is not installed; call it
+    first thing in a module that imports torch_xla (``xla_module(__name__)``)."""
+    if not XLA:
+        pytest.skip(f"{module}: XLA tests: {NO_XLA}", allow_module_level=True)
+
+
 @pytest.fixture
 def mesh8():
     """Mesh (8,), axis "data"."""
+    if not XLA:
+        pytest.skip(f"an XLA mesh: {NO_XLA}")
     with ts.Mesh(np.arange(8), ("data",)) as m:
         yield m
 
@@ -28,6 +69,8 @@ def mesh8():
 @pytest.fixture
 def mesh42():
     """Mesh (4, 2), axes ("data", "model")."""
+    if not XLA:
+        pytest.skip(f"an XLA mesh: {NO_XLA}")
     with ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model")) as m:
         yield m
 

@@ -11,6 +11,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 import torch_xla.distributed.spmd as xs
 from helpers import DTYPES, to_numpy, xla_shards

@@ -32,6 +32,8 @@ from torchshard.testing import (
     virtual_hosts,
 )
 
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 SETTINGS = settings(
     max_examples=100,
     deadline=None,

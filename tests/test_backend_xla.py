@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 from data_helpers import Rows
 from helpers import DTYPES, host_segments, layout_is_uniform, torch_xla_placement, xla_shards

@@ -160,6 +160,7 @@ def test_bench_choices_come_from_the_registry():
     assert {"h2g", "g2h", "sweep"} <= set(BENCHES)
 
 
+@pytest.mark.xla
 def test_bench_quick_json_and_plot(tmp_path):
     out, png = tmp_path / "bench.json", tmp_path / "sweep.png"
     args = ["--quick", "--plain", "--threads", "1", "--json", str(out), "--plot", str(png)]
@@ -203,6 +204,7 @@ def test_bench_quick_json_and_plot(tmp_path):
     assert progress[-1].startswith("[##] 2/2") and progress[-1].endswith("sweep: done")
 
 
+@pytest.mark.xla
 def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
     # A sitecustomize that hides matplotlib from the child process.
     (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")

@@ -110,6 +110,7 @@ VALID = [c for c in HOST_LAYOUTS["cases"] if c["valid_input"]]
 INVALID = [c for c in HOST_LAYOUTS["cases"] if not c["valid_input"]]
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("case", VALID, ids=_ids(VALID))
 def test_valid_layout_round_trips(case):
     """Each host gives the block its segments name; every device's shard is the recorded slice;
@@ -131,6 +132,7 @@ def test_valid_layout_round_trips(case):
         np.testing.assert_array_equal(back[h]["x"].numpy(), block)
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("case", INVALID, ids=_ids(INVALID))
 def test_invalid_layout_is_refused(case):
     mesh, spec = conformance_mesh(case), conformance_spec(case)

@@ -9,6 +9,8 @@ import re
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 import torch_xla.distributed.spmd as xs
 from sharding_oracle import assert_sharded_as, placed_ranges

@@ -14,6 +14,8 @@ import sys
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla.distributed.spmd as xs
 from helpers import (
     host_segments,

@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 from sharding_oracle import assert_sharded_as
 
 import torchshard as ts

@@ -81,6 +81,7 @@ DOCSTRINGS = _docstrings()
 DOCTESTS = [t for t in DOCSTRINGS if t.examples]
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("test", DOCTESTS, ids=[t.name for t in DOCTESTS])
 @pytest.mark.usefixtures("fresh_deprecations")  # an example may call a deprecated name
 def test_docstring_examples(test: doctest.DocTest):

@@ -114,6 +114,7 @@ def test_round_trip_is_bit_exact(pools, case):
         assert torch.equal(r["full_y"], g)
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("case", ACCEPTANCE, ids=_case_id)
 def test_same_global_values_as_xla_virtual_hosts(pools, case):
     """The XLA backend, with ``world`` virtual hosts each owning ``8 / world`` devices laid out

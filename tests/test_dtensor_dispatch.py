@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import warnings
+from typing import Any
 
 import _dtensor_dispatch_cases as dcases
 import numpy as np
@@ -207,6 +208,7 @@ def test_dispatch_input_batch_on_dtensors(pools, case, key, inside):
             assert r[name]["placements"] == _batch_placements(names, axes)
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("key", ["onehot", "index"])
 @pytest.mark.parametrize("case", DISPATCH, ids=_dispatch_id)
 def test_dispatch_input_batch_same_as_xla_virtual_hosts(pools, case, key):
@@ -322,6 +324,7 @@ def test_input_dispatcher_table_on_real_processes(pools, case):
     assert torch.equal(_in_position_order(blocks, grid), first)
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize("case", DISPATCHER, ids=_dispatcher_id)
 def test_input_dispatcher_same_as_xla_virtual_hosts(pools, case):
     """The per-rank physical batches, given to torch_xla's virtual hosts, dispatch to the same
@@ -462,15 +465,15 @@ sys.modules["torch_xla"] = None  # as on a machine without torch_xla
 import torchshard as ts
 """
 
-_NO_TORCH_XLA = (
-    "ImportError: the xla backend needs torch_xla, which cannot be imported (import of "
-    "torch_xla halted; None in sys.modules). Install torch_xla, or run on torch.distributed "
-    "DTensor: call torch.distributed.init_process_group(...) first and build meshes with "
-    'backend="dtensor" (outside any mesh, torchshard then uses the dtensor backend).'
+_INSTALL_XLA = (
+    "needs torch_xla, which is not installed; install the extra with `pip install "
+    "'torchshard[xla]'` (torch-xla 2.9, which brings torch 2.9). Without torch_xla, torchshard "
+    "runs on torch.distributed DTensor: call torch.distributed.init_process_group(...) first "
+    'and build meshes with backend="dtensor".'
 )
 
 
-def _fresh(code: str) -> str:
+def _fresh(code: str, lines: int = 1) -> Any:
     env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
     out = subprocess.run(
         [sys.executable, "-c", _FRESH + code],
@@ -480,17 +483,35 @@ def _fresh(code: str) -> str:
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]  # gloo prints its connections first
+    last = out.stdout.strip().splitlines()[-lines:]  # gloo prints its connections first
+    return last[0] if lines == 1 else last
 
 
-def test_without_a_process_group_or_torch_xla_the_error_says_what_to_do():
+def test_without_a_process_group_or_torch_xla_the_default_is_dtensor_and_says_what_to_do():
     code = """
-try:
-    ts.process_index()
-except ImportError as e:
-    print(f"{type(e).__name__}: {e}")
+import numpy as np
+from torchshard._backend import default_backend_name
+print(default_backend_name())
+for call in (ts.process_index, lambda: ts.setup_cpu_emulation(8),
+             lambda: ts.Mesh(np.arange(8), "data").__enter__()):
+    try:
+        call()
+    except ImportError as e:
+        print(f"{type(e).__name__}: {e}")
+    except ValueError as e:
+        print(f"{type(e).__name__}: {e}".splitlines()[0])
 """
-    assert _fresh(code) == _NO_TORCH_XLA
+    default, no_group, emulation, xla = _fresh(code, lines=4)
+    assert default == "dtensor"
+    assert no_group.startswith(
+        "NoProcessGroupError: a mesh of the dtensor backend needs torch.distributed, but its "
+        "default process group is not initialised."
+    )
+    assert (
+        emulation
+        == f"MissingDependencyError: setup_cpu_emulation (emulated XLA devices) {_INSTALL_XLA}"
+    )
+    assert xla == f"MissingDependencyError: the xla backend (torch_xla SPMD) {_INSTALL_XLA}"
 
 
 def test_with_a_process_group_and_no_torch_xla_the_default_is_dtensor():
@@ -505,6 +526,7 @@ dist.destroy_process_group()
     assert _fresh(code) == "dtensor 0 1 1"
 
 
+@pytest.mark.xla
 def test_in_a_torch_xla_process_the_default_stays_xla():
     from torchshard._backend import default_backend_name
 

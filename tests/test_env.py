@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 SHOW = (
     "import os; os.environ.pop('PJRT_DEVICE', None); os.environ.pop('CPU_NUM_DEVICES', None)\n"
     "from torchshard._backend.xla_env import setup_cpu_emulation\n"
@@ -33,4 +37,3 @@ def test_the_xla_cpu_pool_gets_spare_threads():
 
 def test_a_pool_size_set_by_the_user_is_kept():
     assert run(PJRT_NPROC="5") == ["CPU", "4", "5"]
-

@@ -171,6 +171,7 @@ def test_axis_used_twice():
         ts.P("data", "data")
 
 
+@pytest.mark.xla
 def test_mesh_over_fewer_devices_than_the_runtime():
     with pytest.raises(
         ts.ShardingError,
@@ -237,6 +238,7 @@ def test_bad_per_host_input(mesh42, monkeypatch, case):
     assert transfers == []
 
 
+@pytest.mark.xla
 def test_non_uniform_layout():
     mesh = ts.Mesh(np.array([0, 1, 2, 4, 3, 5, 6, 7]).reshape(2, 4), ("a", "b"))
     with (

@@ -7,6 +7,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 

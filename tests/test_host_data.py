@@ -5,6 +5,8 @@ import re
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 
 from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype

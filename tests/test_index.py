@@ -151,6 +151,7 @@ def test_equality_ignores_trailing_unsplit_dims():
     assert repr(a) == "NamedSharding(mesh=Mesh({'data': 4, 'model': 2}), spec=P('data',))"
 
 
+@pytest.mark.xla
 def test_process_local_shape():
     s = ts.NamedSharding(MESH42, ts.P("data"))
     assert s.process_local_shape((8, 3), 0, device_process=TWO_HOSTS) == (4, 3)
@@ -195,6 +196,7 @@ def test_device_process_must_match_the_mesh():
         s.global_shape_from_local((4,), device_process=(0, 0, 1, 1))
 
 
+@pytest.mark.xla
 def test_global_shape_from_local():
     s = ts.NamedSharding(MESH42, ts.P("data", "model"))
     assert s.global_shape_from_local((4, 3), device_process=TWO_HOSTS) == (8, 3)
@@ -225,6 +227,7 @@ def test_global_shape_from_local_non_uniform_is_none():
         s.process_index_and_count(0, process_index=0, device_process=FOUR_HOSTS)
 
 
+@pytest.mark.xla
 def test_process_index_and_count():
     s = ts.NamedSharding(MESH42, ts.P("data"))
     assert s.process_index_and_count(0, process_index=0, device_process=TWO_HOSTS) == (0, 2)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchshard as ts
 from torchshard.testing import host_to_global_array_per_host, virtual_hosts
+
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
 
 MESHES = {(8,): ("data",), (4, 2): ("data", "model"), (2, 2, 2): ("data", "fsdp", "model")}
 DTYPES = [np.float32, np.int32, np.bool_, np.uint8]

@@ -173,6 +173,7 @@ def test_the_core_imports_only_the_standard_library_numpy_and_optree():
                 "torchshard._backend",
                 "torchshard._backend.dtensor",
                 "torchshard._backend.collective",
+                "torchshard._backend._torch_private",
             },
         ),
     ],
@@ -187,6 +188,35 @@ def test_only_the_backends_import_the_runtimes(runtime, owners):
         and any(t == runtime or t.startswith(runtime + ".") for t, _, _ in imports(m))
     }
     assert users == owners
+
+
+def _private_torch_names(path: pathlib.Path) -> list[str]:
+    """Every private torch name ``path`` imports or reaches (a dotted path under ``torch``
+    with a part that starts with ``_``): ``torch._C``, ``torch.distributed.tensor._utils``,
+    ``from torch.distributed.tensor.placement_types import _StridedShard``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            dotted = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            dotted = [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            dotted = [ast.unparse(node)]
+        else:
+            continue
+        for name in dotted:
+            parts = name.split(".")
+            private = [p for p in parts[1:] if p.startswith("_") and not p.endswith("__")]
+            if parts[0] == "torch" and private:
+                found.append(name)
+    return found
+
+
+def test_private_torch_names_are_imported_in_one_module():
+    """torch's private names change between releases: each is imported once, in
+    ``_backend/_torch_private.py`` (with the versions it was checked on), and nowhere else."""
+    users = {m: n for m, p in MODULES.items() if (n := _private_torch_names(p))}
+    assert set(users) == {"torchshard._backend._torch_private"}, users
 
 
 def _reaches_xlac(path: pathlib.Path) -> bool:

@@ -10,6 +10,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import torch
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 import torch_xla.distributed.spmd as xs
 from data_helpers import (

@@ -13,6 +13,8 @@ from torchshard.testing import (
     virtual_hosts,
 )
 
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 
 def test_infer_mesh_shape_table():
     # axlearn's InferMeshShapeTest, with its exact outcomes.

@@ -13,6 +13,7 @@ import torchshard as ts
 from torchshard._core.tree import structure
 
 
+@pytest.mark.xla
 @pytest.mark.parametrize(
     ("mesh_shape", "axis_names"),
     [((4, 2), ("data", "model")), ((2, 2, 2), ("pipeline", "data", "model"))],
@@ -43,6 +44,7 @@ def test_replicated_partition():
     assert ts.data_partition_type_to_spec(ts.DataPartitionType.REPLICATED) == ts.P(None)
 
 
+@pytest.mark.xla
 def test_batch_partition():
     with ts.Mesh(np.arange(8).reshape(2, 2, 2), ("data", "seq", "model")):
         assert ts.data_partition_type_to_spec(ts.DataPartitionType.BATCH) == ts.P(

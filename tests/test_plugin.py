@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 pytest_plugins = ["pytester"]
 
 PASSING = """

@@ -18,6 +18,8 @@ from torchshard.testing import (
 )
 from torchshard.testing._virtual import is_virtual
 
+pytestmark = pytest.mark.xla  # every test here runs on torch_xla
+
 
 def test_outside_the_emulation_one_process_owns_every_device():
     assert ts.process_index() == 0 and ts.process_count() == 1

@@ -283,8 +283,10 @@ def default_backend_name() -> str:
 
     ``"xla"`` when torch_xla is imported (the program runs on it); else ``"dtensor"`` when
     torch.distributed's default process group is initialised (one process per device); else
-    ``"xla"``, torchshard's default (which imports torch_xla). Decided on every call, so it
-    follows ``init_process_group``; the checks are two dictionary lookups.
+    ``"xla"`` when torch_xla is installed (it is then imported on first use), ``"dtensor"``
+    when it is not (a plain install). Decided on every call, so it follows
+    ``init_process_group``; the checks are dictionary lookups (whether torch_xla is installed
+    is looked up once per process).
     """
     if sys.modules.get("torch_xla") is not None:
         return "xla"
@@ -292,7 +294,9 @@ def default_backend_name() -> str:
 
     if dist.is_available() and dist.is_initialized():
         return "dtensor"
-    return "xla"
+    from torchshard._backend.xla_env import xla_installed
+
+    return "xla" if xla_installed() else "dtensor"
 
 
 def get_backend(mesh: Mesh | None = None) -> Backend:

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from torchshard._backend._torch_private import default_store, set_group_timeout
 from torchshard._core.agreement import digest
 from torchshard._core.errors import CollectiveError
 
@@ -47,15 +48,6 @@ PREFIX = "torchshard/"
 _BAD = 1 << 32  # added to a call's arrival count by a process whose digest differed
 _SLOTS = 4  # the digest and count keys of a thread's calls are reused in a ring of this size
 GRACE = 2.0  # seconds a process whose collective failed waits for the others to report
-
-
-def _private_torch() -> Any:
-    """torch 2.9.0 private API, every use of it in this module: the default group's store
-    (``_get_default_store``, which torch's own store-based barriers use) and
-    ``_set_pg_timeout`` (to give a ``DeviceMesh``'s groups the default group's timeout)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    return c10d._get_default_store, c10d._set_pg_timeout
 
 
 def is_comm_error(error: BaseException) -> bool:
@@ -73,9 +65,8 @@ class _Session:
     """torchshard's collective state on one default process group."""
 
     def __init__(self, world: Any) -> None:
-        get_store, _ = _private_torch()
         self.group = world
-        self.default_store = get_store()
+        self.default_store = default_store()
         self.local = threading.local()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -309,7 +300,6 @@ def bound_timeouts(groups: Sequence[Any]) -> None:
     s = session()
     if s is None:
         return
-    _, set_timeout = _private_torch()
     for g in groups:
         if g is not None and g is not s.group:
-            set_timeout(timedelta(seconds=s.timeout), g)
+            set_group_timeout(timedelta(seconds=s.timeout), g)

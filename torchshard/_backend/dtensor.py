@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from torchshard._backend import AgreementCall, LocalShard, collective, register_backend, staging
 from torchshard._backend import device as devices
+from torchshard._backend._torch_private import is_strided_shard, local_shape_and_offset
 from torchshard._backend.collective import guarded
 from torchshard._core.agreement import (
     agreement_check_enabled,
@@ -296,17 +297,15 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _local_offset(x: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    # torch 2.9.0: `compute_local_shape_and_global_offset` (a private module, used by
-    # distributed checkpointing) gives this rank's local shape and global offset, and knows
-    # DTensor's sequential splitting of uneven and _StridedShard layouts.
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    return compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+    # DTensor's own local shape and global offset (a private function, see _torch_private),
+    # which knows its sequential splitting of uneven and _StridedShard layouts.
+    return local_shape_and_offset(x.shape, x.device_mesh, x.placements)
 
 
 def _is_strided(p: Placement) -> bool:
-    # torch 2.9.0: `_StridedShard` (private) compares equal to `Shard` of the same dim.
-    return type(p) is not Shard and isinstance(p, Shard)
+    # By type: `_StridedShard` is a `Shard` (equal to `Shard(dim)`) up to torch 2.13 and a
+    # separate placement from torch 2.14 on (see _torch_private).
+    return is_strided_shard(p)
 
 
 def _without_partial(x: DTensor) -> DTensor:
@@ -365,7 +364,11 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
     dm = x.device_mesh
     x = _without_partial(x)
     if any(_is_strided(p) and p.dim == 0 for p in x.placements):  # rows not contiguous
-        x = _redistribute(x, dm, [Replicate() if p.is_shard(0) else p for p in x.placements])
+        rows = [
+            Replicate() if p.is_shard(0) or (_is_strided(p) and p.dim == 0) else p
+            for p in x.placements
+        ]
+        x = _redistribute(x, dm, rows)
     split = [i for i, p in enumerate(x.placements) if p.is_shard(0)]
     local = x.to_local()
     index = index.to(device=local.device, dtype=torch.int64)
@@ -587,6 +590,10 @@ class DTensorBackend:
             if any(p.is_partial() for p in x.placements):
                 with guarded("global_to_host_array: reducing a Partial placement"):
                     x = _without_partial(x)
+            if any(_is_strided(p) for p in x.placements):  # a rank's rows are not one block
+                flat = [Shard(p.dim) if _is_strided(p) else p for p in x.placements]
+                with guarded("global_to_host_array: moving a strided split to a plain one"):
+                    x = _redistribute(x, x.device_mesh, flat)
             shape, offset = _local_offset(x)
             ranges.append(tuple((o, o + n) for o, n in zip(offset, shape, strict=True)))
             locals_.append(x.to_local())

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from torchshard._backend import AgreementCall, LocalShard, register_backend
+from torchshard._backend.xla_env import import_error, require_xla
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, NamedSharding, check_device_process
@@ -36,16 +37,12 @@ _DEVICE_RE = re.compile(r"^[A-Za-z_]+:(\d+)$")
 @functools.cache
 def _xla() -> Any:
     """Imports torch_xla and switches it to SPMD mode (idempotent)."""
+    require_xla("the xla backend (torch_xla SPMD)")
     try:
         import torch_xla
         import torch_xla.runtime as xr
     except ImportError as e:
-        raise ImportError(
-            f"the xla backend needs torch_xla, which cannot be imported ({e}). Install "
-            "torch_xla, or run on torch.distributed DTensor: call "
-            "torch.distributed.init_process_group(...) first and build meshes with "
-            'backend="dtensor" (outside any mesh, torchshard then uses the dtensor backend).'
-        ) from e
+        raise import_error("the xla backend (torch_xla SPMD)", e) from e
 
     with _INIT_LOCK:
         if not xr.is_spmd():

@@ -9,11 +9,52 @@ the backend is used, and it only sets the environment and reads the runtime's st
 
 from __future__ import annotations
 
+import functools
 import glob
+import importlib.util
 import os
 import sys
 
-from torchshard._core.errors import EmulationError
+from torchshard._core.errors import EmulationError, MissingDependencyError
+
+INSTALL_XLA = "pip install 'torchshard[xla]'"
+
+
+@functools.cache
+def xla_installed() -> bool:
+    """Whether torch_xla is installed (found, not imported; decided once per process)."""
+    if sys.modules.get("torch_xla") is not None:
+        return True
+    try:
+        return importlib.util.find_spec("torch_xla") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["torch_xla"] is None
+        return False
+
+
+def require_xla(feature: str) -> None:
+    """Raises ``MissingDependencyError`` naming the extra to install when ``feature`` (an
+    XLA-only call) cannot run because torch_xla is not installed."""
+    if not xla_installed():
+        raise MissingDependencyError(
+            f"{feature} needs torch_xla, which is not installed; install the extra with "
+            f"`{INSTALL_XLA}` (torch-xla 2.9, which brings torch 2.9). Without torch_xla, "
+            "torchshard runs on torch.distributed DTensor: call "
+            "torch.distributed.init_process_group(...) first and build meshes with "
+            'backend="dtensor".'
+        )
+
+
+def import_error(feature: str, e: ImportError) -> MissingDependencyError:
+    """The error for a torch_xla that is installed but cannot be imported (``e``): usually a
+    torch_xla built for another torch release."""
+    import torch
+
+    return MissingDependencyError(
+        f"{feature} needs torch_xla, which is installed but cannot be imported ({e}). "
+        f"torch-xla 2.9 runs only on torch 2.9 (this is torch {torch.__version__}): "
+        f"`{INSTALL_XLA}` installs the matching pair. Without torch_xla, torchshard runs on "
+        'torch.distributed DTensor (meshes with backend="dtensor").'
+    )
 
 
 def tpu_present() -> bool:
@@ -34,6 +75,7 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
 
     Raises:
         ValueError: ``num_devices`` is not a positive int.
+        MissingDependencyError: torch_xla is not installed (``pip install 'torchshard[xla]'``).
         EmulationError: torch_xla's runtime already started with another device type or count
             (the count is fixed per process).
     """
@@ -41,6 +83,7 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
         raise ValueError(
             f"setup_cpu_emulation: num_devices must be a positive int, but got {num_devices!r}."
         )
+    require_xla("setup_cpu_emulation (emulated XLA devices)")
     if not force and tpu_present():
         return False
     if "torch_xla" in sys.modules and runtime_started():
@@ -91,7 +134,10 @@ def runtime_started() -> bool:
 
 
 def _enable_spmd() -> None:
-    import torch_xla.runtime as xr
+    try:
+        import torch_xla.runtime as xr
+    except ImportError as e:
+        raise import_error("setup_cpu_emulation (emulated XLA devices)", e) from e
 
     if not xr.is_spmd():
         xr.use_spmd()

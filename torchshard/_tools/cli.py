@@ -358,6 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--backend",
+        choices=["auto", "xla", "dtensor"],
+        default="auto",
+        help="xla: --devices emulated XLA devices; dtensor: --devices gloo processes on "
+        "DTensor (default auto: xla when torch_xla is installed, else dtensor)",
+    )
     demo.set_defaults(func=_demo)
     bench = sub.add_parser(
         "bench",
@@ -429,13 +436,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(_join_negative_values(parser, argv))
     prefix = f"{parser.prog} {args.command}: error:"
-    if getattr(args, "needs_runtime", True):
-        from torchshard._backend.xla_env import setup_cpu_emulation
-
-        setup_cpu_emulation(args.devices)
     from torchshard._core.errors import MissingDependencyError
 
     try:
+        if args.command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
+            from torchshard._tools.demo import resolve_backend
+
+            args.backend = resolve_backend(args.backend)
+            args.needs_runtime = args.backend == "xla"
+        if getattr(args, "needs_runtime", True):
+            from torchshard._backend.xla_env import setup_cpu_emulation
+
+            setup_cpu_emulation(args.devices)
         return int(args.func(args))
     except (UsageError, MissingDependencyError) as e:
         print(f"{prefix} {e}", file=sys.stderr)

@@ -8,6 +8,9 @@ is the one torchshard is for: a ``DataLoader`` with worker processes reads this 
 batches on a background thread. ``--hosts N`` runs the same path with N virtual hosts, each
 with its own DataLoader and shard.
 
+``--backend dtensor`` (the default when torch_xla is not installed) runs the same training
+data-parallel over gloo processes on DTensor instead (``demo_dtensor.py``).
+
 This module is an application, not library code: it imports torch_xla (the optimizer step and
 ``torch_xla.sync()``), which torchshard's library modules leave to ``_backend/xla.py``. The
 dataset and the worker code are pure numpy/torch: the workers are started with the
@@ -18,75 +21,36 @@ it), and forking a process whose XLA runtime threads are live is avoided.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-FEATURES, CLASSES = 32, 10
+from torchshard._tools._demo_common import (
+    CLASSES,
+    FEATURES,
+    Result,
+    SyntheticClassification,
+    _mean,
+    check_worker,
+    mlp,
+)
 
-
-class SyntheticClassification(Dataset[dict[str, np.ndarray]]):
-    """Gaussian features labelled by a fixed random linear teacher (learnable, pure numpy)."""
-
-    def __init__(self, size: int, *, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        teacher = rng.standard_normal((FEATURES, CLASSES)).astype(np.float32)
-        self.x = rng.standard_normal((size, FEATURES)).astype(np.float32)
-        self.y = (self.x @ teacher).argmax(axis=1).astype(np.int64)
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return {"x": self.x[i], "y": self.y[i]}
-
-
-def check_worker(worker_id: int) -> None:
-    """``worker_init_fn``: a DataLoader worker must not carry torch_xla."""
-    if "torch_xla" in sys.modules:
-        raise RuntimeError(
-            f"DataLoader worker {worker_id} has torch_xla imported; start workers with the "
-            "'forkserver' or 'spawn' method and keep the dataset free of XLA."
-        )
-
-
-def mlp() -> torch.nn.Module:
-    """The model: 32 -> 128 -> 128 -> 10."""
-    return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, CLASSES),
-    )
-
-
-@dataclasses.dataclass
-class Result:
-    """What a demo run measured."""
-
-    first_loss: float
-    last_loss: float
-    steps_per_second: float
-    examples_per_second: float
-    input_wait_fraction: float
-    warmup_seconds: float
-
-    @property
-    def loss_fell(self) -> bool:
-        """Whether the loss of the last steps is at least 5 % below that of the first steps."""
-        return self.last_loss < 0.95 * self.first_loss
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
+__all__ = [
+    "CLASSES",
+    "FEATURES",
+    "Result",
+    "SyntheticClassification",
+    "check_worker",
+    "main",
+    "mlp",
+    "resolve_backend",
+    "train",
+]
 
 
 def train(
@@ -197,31 +161,64 @@ def train(
     )
 
 
+def resolve_backend(name: str) -> str:
+    """``--backend``: ``auto`` is ``xla`` when torch_xla is installed, else ``dtensor``."""
+    if name != "auto":
+        return name
+    from torchshard._backend.xla_env import xla_installed
+
+    return "xla" if xla_installed() else "dtensor"
+
+
 def main(args: Any) -> int:
     """The ``demo`` subcommand; exits non-zero when the loss does not fall."""
     if args.steps < 2:
         print("demo: --steps must be at least 2", file=sys.stderr)
         return 2
-    if 8 % args.hosts or args.batch % 8:
-        print(
-            f"demo: --hosts ({args.hosts}) must divide the 8 devices and --batch ({args.batch}) "
-            "must be a multiple of 8",
-            file=sys.stderr,
+    backend = resolve_backend(getattr(args, "backend", "auto"))
+    if backend == "dtensor":
+        processes = args.devices
+        if processes < 1 or args.hosts != 1 or args.batch % processes:
+            print(
+                f"demo: on dtensor every one of the --devices ({processes}) gloo processes is "
+                f"a host: --hosts ({args.hosts}) must be 1 and --batch ({args.batch}) a multiple "
+                "of the process count",
+                file=sys.stderr,
+            )
+            return 2
+        from torchshard._tools import demo_dtensor
+
+        r = demo_dtensor.train(
+            processes=processes,
+            steps=args.steps,
+            batch_size=args.batch,
+            workers=args.workers,
+            lr=args.lr,
+            seed=args.seed,
         )
-        return 2
-    r = train(
-        steps=args.steps,
-        hosts=args.hosts,
-        batch_size=args.batch,
-        workers=args.workers,
-        lr=args.lr,
-        seed=args.seed,
-        log=lambda msg: print(msg, flush=True),
-    )
+        warmup = "warm-up"
+    else:
+        if 8 % args.hosts or args.batch % 8:
+            print(
+                f"demo: --hosts ({args.hosts}) must divide the 8 devices and --batch "
+                f"({args.batch}) must be a multiple of 8",
+                file=sys.stderr,
+            )
+            return 2
+        r = train(
+            steps=args.steps,
+            hosts=args.hosts,
+            batch_size=args.batch,
+            workers=args.workers,
+            lr=args.lr,
+            seed=args.seed,
+            log=lambda msg: print(msg, flush=True),
+        )
+        warmup = "compilation"
     print(
         f"loss {r.first_loss:.4f} -> {r.last_loss:.4f} (mean of the first and last steps); "
         f"{r.steps_per_second:.1f} steps/s, {r.examples_per_second:,.0f} examples/s after "
-        f"{r.warmup_seconds:.1f} s of compilation; input wait {r.input_wait_fraction:.1%} of "
+        f"{r.warmup_seconds:.1f} s of {warmup}; input wait {r.input_wait_fraction:.1%} of "
         "step time"
     )
     if not r.loss_fell:

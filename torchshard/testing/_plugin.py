@@ -1,7 +1,10 @@
 """The torchshard pytest plugin: CPU-emulated SPMD devices, mesh fixtures, per-count runs.
 
 Registered through the ``pytest11`` entry point (name ``torchshard``), so installing torchshard
-is enough; ``-p no:torchshard`` turns it off (for example to run on a real TPU).
+with torch_xla is enough; ``-p no:torchshard`` turns it off (for example to run on a real TPU).
+Without torch_xla (a plain install, DTensor only) the plugin is inert: it sets nothing up and
+fails nothing; ``@pytest.mark.spmd`` items and tests using ``make_mesh`` or ``spmd_devices``
+skip, saying that torch_xla is not installed.
 
 - ``--spmd-devices N`` / ini ``spmd_devices = N`` (default 8): the number of CPU-emulated XLA
   devices. The plugin sets ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES`` and enables SPMD in
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 DEFAULT_DEVICES = 8
 PARAM = "_torchshard_spmd_devices"  # the hidden parameter of @pytest.mark.spmd items
 _COUNT = pytest.StashKey[int]()
+_INERT = pytest.StashKey[str]()  # why the plugin set nothing up (torch_xla not installed)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,9 +103,17 @@ def _configured_count(config: pytest.Config, options: Any) -> int:
 
 
 def _setup(config: pytest.Config, options: Any) -> None:
-    if _COUNT in config.stash:
+    if _COUNT in config.stash or _INERT in config.stash:
         return
     count = _configured_count(config, options)
+    from torchshard._backend.xla_env import INSTALL_XLA, xla_installed
+
+    if not xla_installed():
+        config.stash[_INERT] = (
+            "torchshard plugin: torch_xla is not installed, so there are no emulated SPMD "
+            f"devices (`{INSTALL_XLA}` installs it)"
+        )
+        return
     from torchshard._backend.xla_env import EmulationError, setup_cpu_emulation
 
     try:
@@ -123,6 +135,8 @@ def _verify(config: pytest.Config, when: str) -> None:
 
     from torchshard._backend.xla_env import runtime_devices, runtime_started
 
+    if _INERT in config.stash:
+        return
     count = config.stash[_COUNT]
     env = (os.environ.get("PJRT_DEVICE"), os.environ.get("CPU_NUM_DEVICES"))
     if env != ("CPU", str(count)):
@@ -149,7 +163,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    if _INERT in config.stash:
+        return f"{config.stash[_INERT]}; @pytest.mark.spmd tests skip"
     return f"torchshard: {config.stash[_COUNT]} CPU-emulated SPMD devices"
+
+
+def _skip_if_inert(config: pytest.Config) -> None:
+    reason = config.stash.get(_INERT, None)
+    if reason is not None:
+        pytest.skip(reason)
 
 
 # -- @pytest.mark.spmd --------------------------------------------------------------------
@@ -190,6 +212,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection, which needs the original items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = config.stash.get(_INERT, None)
+    if reason is not None:
+        for item in items:
+            if item.get_closest_marker("spmd") is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+        return
     count = config.stash[_COUNT]
     for i, item in enumerate(items):
         callspec = getattr(item, "callspec", None)
@@ -205,12 +233,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spmd_devices(pytestconfig: pytest.Config) -> int:
-    """The number of CPU-emulated devices of this test process."""
+    """The number of CPU-emulated devices of this test process (skips without torch_xla)."""
+    _skip_if_inert(pytestconfig)
     return pytestconfig.stash[_COUNT]
 
 
 @pytest.fixture
-def make_mesh() -> Iterator[Callable[..., Mesh]]:
+def make_mesh(pytestconfig: pytest.Config) -> Iterator[Callable[..., Mesh]]:
     """A factory: ``make_mesh(shape, axis_names, *, devices=None)`` creates a mesh with
     ``torchshard.create_device_mesh`` and enters it; the test leaves it when it ends.
 
@@ -221,6 +250,7 @@ def make_mesh() -> Iterator[Callable[..., Mesh]]:
     """
     from torchshard._mesh_build import create_device_mesh
 
+    _skip_if_inert(pytestconfig)
     with contextlib.ExitStack() as stack:
 
         def make(shape: Any, axis_names: Any, *, devices: Any = None) -> Mesh:

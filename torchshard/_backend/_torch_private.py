@@ -1,0 +1,68 @@
+"""Every private torch name torchshard uses, imported here once, with the versions checked.
+
+torch's underscore names change without notice between releases (``_StridedShard`` stopped
+being a subclass of ``Shard`` in torch 2.14), so no other torchshard module imports one: they
+call the functions below, and a change in a new torch release is fixed in this one file. Each
+entry says which torch versions it was checked on (the DTensor tests run on each of them).
+Imported only by the DTensor backend (with it, the only importer of torch.distributed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Placement
+
+# `torch.distributed.tensor.placement_types._StridedShard(dim, split_factor)`: the placement
+# FSDP2 + TP give a dim split over two mesh axes right to left. Checked on torch 2.9.0, 2.13.0,
+# 2.14.1, 2.15.0: the class exists under this name with `.dim` and `.split_factor`; a subclass
+# of `Shard` (equal to `Shard(dim)`) up to 2.13, a separate `Placement` from 2.14 on (its
+# `is_shard()` is then False).
+# `torch.distributed.tensor._utils.compute_local_shape_and_global_offset(shape, mesh,
+# placements)`: this rank's local shape and global offset (used by distributed checkpointing),
+# which knows DTensor's uneven and strided splits. Checked on torch 2.9.0, 2.13.0, 2.14.1,
+# 2.15.0 (same signature and result).
+# `torch.distributed.distributed_c10d._get_default_store()`: the default group's store (torch's
+# own store-based barriers use it), which the bounded collectives write arrival records to.
+# `torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)`: a group's timeout
+# (`new_group` does not inherit the default group's). Checked on torch 2.9.0, 2.13.0, 2.14.1,
+# 2.15.0: both exist with these signatures.
+from torch.distributed import distributed_c10d as _c10d
+from torch.distributed.tensor._utils import (
+    compute_local_shape_and_global_offset as _compute_local_shape_and_global_offset,
+)
+from torch.distributed.tensor.placement_types import _StridedShard as StridedShard
+
+__all__ = [
+    "StridedShard",
+    "default_store",
+    "is_strided_shard",
+    "local_shape_and_offset",
+    "set_group_timeout",
+]
+
+
+def is_strided_shard(p: Placement | Any) -> bool:
+    """Whether ``p`` is a ``_StridedShard`` (on every supported torch: by type, never by
+    ``Shard`` subclassing or equality, which changed in torch 2.14)."""
+    return isinstance(p, StridedShard)
+
+
+def local_shape_and_offset(
+    global_shape: Sequence[int], mesh: DeviceMesh, placements: Sequence[Placement]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """This rank's local shape and global offset of a DTensor of ``global_shape``."""
+    return _compute_local_shape_and_global_offset(global_shape, mesh, placements)
+
+
+def default_store() -> Any:
+    """The default process group's store."""
+    return _c10d._get_default_store()
+
+
+def set_group_timeout(timeout: Any, group: Any) -> None:
+    """Sets ``group``'s timeout (a ``timedelta``)."""
+    _c10d._set_pg_timeout(timeout, group)

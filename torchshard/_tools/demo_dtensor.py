@@ -1,0 +1,201 @@
+"""``python -m torchshard demo --backend dtensor``: the demo on torch.distributed DTensor.
+
+The same model, data and training loop as the torch_xla demo (``demo.py``), data-parallel over
+N gloo processes on the CPU (one process per device, N = ``--devices``) instead of N emulated
+XLA devices: the mesh is ``(N / 2, 2)`` (axes ``data``/``model``; ``(N, 1)`` for odd N), each
+process is a host with its own ``DataLoader`` (worker processes started with ``forkserver``)
+over its shard (``host_sampler``), and ``GlobalBatchLoader`` turns each host batch into
+global ``DTensor`` batches, split over every process, on a background thread. The step runs
+the model on each process's rows (``to_local()``) under ``DistributedDataParallel``, which
+averages the gradients over the processes: the same update as the single XLA program. Rank 0
+prints the same lines as the XLA demo (the loss is the mean over every process's rows).
+
+Needs no torch_xla: the default backend of ``python -m torchshard demo`` on a plain install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchshard._tools._demo_common import (
+    Result,
+    SyntheticClassification,
+    _mean,
+    check_worker,
+    mlp,
+)
+
+# A process that fails or hangs must not leave the others waiting forever.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One demo run (picklable: every process gets it)."""
+
+    processes: int
+    steps: int
+    batch_size: int
+    workers: int
+    lr: float
+    seed: int
+
+
+def mesh_shape(processes: int) -> tuple[int, int]:
+    """``(N / 2, 2)`` for an even process count N, else ``(N, 1)``."""
+    return (processes // 2, 2) if processes % 2 == 0 else (processes, 1)
+
+
+def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
+    """One gloo process: trains; rank 0 prints and reports the ``Result``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    import torchshard as ts
+
+    torch.set_num_threads(1)  # N processes share the cores
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=s.processes,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
+    log: Callable[[str], None] = (
+        (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
+    )
+    try:
+        torch.manual_seed(s.seed)
+        mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
+        steps_per_epoch = 64
+        dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
+        per_process = s.batch_size // s.processes
+        sampler = ts.host_sampler(
+            dataset, {"num_shards": s.processes, "shard_index": rank}, seed=s.seed
+        )
+        workers = max(1, s.workers // s.processes) if s.workers > 0 else 0
+        if workers:
+            multiprocessing.set_forkserver_preload(["torchshard._tools._demo_common"])
+        source = DataLoader(
+            dataset,
+            batch_size=per_process,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=workers,
+            multiprocessing_context="forkserver" if workers else None,
+            persistent_workers=workers > 0,
+            worker_init_fn=check_worker,
+        )
+        log(
+            f"mesh {dict(mesh.shape)}, {s.processes} gloo process(es) x {workers} DataLoader "
+            f"worker(s){' (forkserver)' if workers else ''}, global batch {s.batch_size} "
+            f"({per_process} per process), {s.steps} steps"
+        )
+        model = DistributedDataParallel(mlp())  # same seed: the same start on every process
+        optimizer = torch.optim.Adam(model.parameters(), lr=s.lr)
+        every = max(1, s.steps // 10)
+        warmup = min(3, s.steps - 1)
+        losses: list[float] = []
+        with mesh, ts.GlobalBatchLoader(source) as loader:
+            t_start = time.perf_counter()
+            t_warm, wait_warm, step, epoch = t_start, 0.0, 0, 0
+            while step < s.steps:
+                sampler.set_epoch(epoch)
+                for batch in loader:  # DTensors, dim 0 split over every process
+                    logits = model(batch["x"].to_local())
+                    loss = torch.nn.functional.cross_entropy(logits, batch["y"].to_local())
+                    optimizer.zero_grad()
+                    loss.backward()  # DDP averages the gradients over the processes
+                    optimizer.step()
+                    mean = loss.detach().clone()
+                    dist.all_reduce(mean)  # equal rows per process: the global batch's mean
+                    losses.append(mean.item() / s.processes)
+                    step += 1
+                    if step == warmup:
+                        t_warm, wait_warm = time.perf_counter(), loader.stats.wait_seconds
+                    if step % every == 0 or step == s.steps:
+                        elapsed = time.perf_counter() - t_warm
+                        done = step - warmup
+                        wait = loader.stats.wait_seconds - wait_warm
+                        rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
+                        frac = f"input wait {wait / elapsed:5.1%}" if done > 0 else ""
+                        log(f"step {step:>5}/{s.steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
+                    if step == s.steps:
+                        break
+                epoch += 1
+            elapsed = time.perf_counter() - t_warm
+            wait = loader.stats.wait_seconds - wait_warm
+        if rank == 0:
+            timed = max(s.steps - warmup, 1)
+            window = max(1, min(10, s.steps // 5))
+            results.put(
+                Result(
+                    first_loss=_mean(losses[:window]),
+                    last_loss=_mean(losses[-window:]),
+                    steps_per_second=timed / elapsed,
+                    examples_per_second=timed * s.batch_size / elapsed,
+                    input_wait_fraction=wait / elapsed,
+                    warmup_seconds=t_warm - t_start,
+                )
+            )
+    finally:
+        dist.destroy_process_group()
+
+
+def train(
+    *,
+    processes: int = 8,
+    steps: int = 300,
+    batch_size: int = 256,
+    workers: int = 2,
+    lr: float = 3e-3,
+    seed: int = 0,
+    timeout: float = 900.0,
+) -> Result:
+    """Trains the MLP over ``processes`` gloo processes (started with ``spawn``); rank 0
+    prints the progress lines. Raises ``RuntimeError`` when a process fails or the run takes
+    longer than ``timeout`` seconds (the processes are then stopped)."""
+    s = Settings(processes, steps, batch_size, workers, lr, seed)
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory(prefix="torchshard-demo-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(target=_rank_main, args=(r, init_file, s, results), name=f"rank{r}")
+            for r in range(processes)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            alive = [p for p in procs if p.is_alive()]
+            for p in alive:
+                p.terminate()
+            for p in alive:
+                p.join(10)
+        failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
+        if alive:
+            raise RuntimeError(
+                f"demo: the gloo processes {[p.name for p in alive]} were still running after "
+                f"{timeout:.0f} s and were stopped."
+            )
+        if failed:
+            raise RuntimeError(
+                f"demo: gloo process(es) failed (exit codes {failed}); their errors are above."
+            )
+        if results.empty():
+            raise RuntimeError("demo: rank 0 finished without reporting a result.")
+        return results.get()
