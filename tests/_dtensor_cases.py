@@ -257,6 +257,21 @@ def bad_layouts() -> dict[str, str]:
     return out
 
 
+def equal_device_meshes() -> list[bool]:
+    """Two equal but distinct DeviceMeshes, one after the other, with the same call: each
+    result lives on its own DeviceMesh (the plan cache keys the native mesh by identity)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ts = _ts()
+    out = []
+    for _ in range(2):
+        dm = init_device_mesh("cpu", (2,), mesh_dim_names=("data",))
+        with ts.Mesh.from_device_mesh(dm):
+            g = ts.host_to_global_array(torch.ones(2, 3), partition=ts.P("data"))
+        out.append(g.device_mesh is dm)
+    return out
+
+
 def from_device_mesh() -> dict[str, Any]:
     """``Mesh.from_device_mesh`` over a user's DeviceMesh: ids, names, and a round trip."""
     import torch.distributed as dist

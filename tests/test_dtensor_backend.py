@@ -248,6 +248,10 @@ def test_bad_layouts_raise_the_same_error_on_every_rank(pools):
         )
 
 
+def test_equal_device_meshes_each_get_their_own_tensors(pools):
+    assert pools(2).run("equal_device_meshes") == [[True, True]] * 2
+
+
 def test_mesh_from_device_mesh(pools):
     for rank, r in enumerate(pools(4).run("from_device_mesh")):
         assert r == {

@@ -190,7 +190,10 @@ def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | No
     shape = call.global_shape
     if shape is not None and not (type(shape) is tuple and all(type(n) is int for n in shape)):
         return None
-    sig: list[Any] = [mesh, topology, partition, call.treespecs, shape]
+    # Equal meshes may stand for different native meshes (two equal DeviceMeshes, say): the
+    # makers are bound to the key's mesh, so its native mesh is part of the key, by identity
+    # (the kept key's mesh keeps its native alive, so an id is never reused while kept).
+    sig: list[Any] = [mesh, id(mesh.native), topology, partition, call.treespecs, shape]
     for leaves in call.leaves:
         for x in leaves:
             cls = type(x)

@@ -52,9 +52,10 @@ def set_agreement_check(enabled: bool, /) -> bool:
     With one process per device (the DTensor backend), ``host_to_global_array`` first checks
     that every process passed the same tree structure, partition, shapes and dtypes, so that a
     disagreement is a clear error on every process instead of a hang. The check costs one
-    all-gather of 8 bytes per process per call (plus hashing a short description of the call);
-    turn it off when the input pipeline guarantees equal shapes and that latency matters. The
-    environment variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
+    exchange of a short digest of the call through the default process group's store,
+    overlapped with placement, and is bounded by the default group's timeout; turn it off
+    when the input pipeline guarantees equal shapes and that latency matters. The environment
+    variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
     backend does not check (it has no cheap collective outside a step).
 
     Example:
