@@ -99,7 +99,10 @@ def test_concurrent_streams_get_their_own_threads():
     assert drain(c) == [0]
 
 
-def test_a_parked_thread_holds_nothing_of_its_stream():
+def test_a_parked_thread_holds_nothing_of_its_stream(monkeypatch):
+    # Long enough that a loaded machine cannot expire the parked thread before the check.
+    monkeypatch.setattr(_worker, "PARK_SECONDS", 5.0)
+
     class Source:
         def __call__(self, i):
             if i == 2:
@@ -113,7 +116,7 @@ def test_a_parked_thread_holds_nothing_of_its_stream():
     p.close()
     del p, source
     gc.collect()
-    assert parked_threads()  # the thread is parked ...
+    assert wait_until(lambda: len(parked_threads()) > 0)  # the thread is parked ...
     assert ref() is None  # ... and keeps no reference to the stream's producer
 
 
