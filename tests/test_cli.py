@@ -457,3 +457,21 @@ def test_bench_output_paths_are_checked_before_benchmarking(capsys, fake_bench, 
     assert _main(capsys, "bench", FAKE, "--plain", "--json", str(out)).returncode == 0
     data = json.loads(out.read_text())
     assert set(data["seconds"]) == {FAKE} and data["seconds"][FAKE] >= 0
+
+
+@pytest.mark.parametrize(("in_no_xla", "emulated"), [(True, False), (False, True)])
+def test_the_dtensor_benches_set_up_no_xla_emulation(
+    capsys, monkeypatch, fake_bench, in_no_xla, emulated
+):
+    """A DTensor-only bench runs on a plain install: the CLI sets up no XLA emulation for it
+    (which would need torch_xla); every other bench still gets it."""
+    from torchshard._backend import xla_env
+    from torchshard._tools import bench
+
+    calls = []
+    monkeypatch.setattr(xla_env, "setup_cpu_emulation", lambda n: calls.append(n))
+    names = bench.NEEDS_NO_XLA | {FAKE} if in_no_xla else bench.NEEDS_NO_XLA
+    monkeypatch.setattr(bench, "NEEDS_NO_XLA", frozenset(names))
+    assert _main(capsys, "bench", FAKE, "--plain", "--quick").returncode == 0
+    assert bool(calls) is emulated
+    assert "dtensor" in bench.NEEDS_NO_XLA and "h2d" in bench.NEEDS_NO_XLA

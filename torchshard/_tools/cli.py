@@ -444,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             args.backend = resolve_backend(args.backend)
             args.needs_runtime = args.backend == "xla"
+        if args.command == "bench":  # the DTensor benchmarks run gloo processes only
+            from torchshard._tools.bench import NEEDS_NO_XLA
+
+            args.needs_runtime = (args.name or DEFAULT_BENCH) not in NEEDS_NO_XLA
         if getattr(args, "needs_runtime", True):
             from torchshard._backend.xla_env import setup_cpu_emulation
 

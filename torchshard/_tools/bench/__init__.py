@@ -20,3 +20,7 @@ BENCHES: dict[str, str] = {
     "soak": "torchshard._tools.bench.soak",
     "sweep": "torchshard._tools.bench.sweep",
 }
+
+# Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
+# run on a plain install (no torch_xla).
+NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "dtensor_dispatch", "h2d"})
