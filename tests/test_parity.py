@@ -247,6 +247,29 @@ def test_global_shape_blocks_may_cover_whole_dimensions(hosts, spec, whole):
         np.testing.assert_array_equal(back[h].numpy(), take_segments(x, parts[h]))
 
 
+@pytest.mark.parametrize("hosts", [1, 2])
+@pytest.mark.parametrize("spec", GLOBAL_SPECS, ids=str)
+@pytest.mark.parametrize("block", [(8, 8), (4, 8), (8, 2), (4, 2), (8, 4)])
+def test_host_to_global_specs_takes_global_shape_as_the_arrays_do(hosts, spec, block):
+    """host_to_global_specs(global_shape=) says what host_to_global_array returns, or raises
+    the same error (the oracle: the array call itself, on every host)."""
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("data", "model"))
+    x = np.zeros(block, np.float32)
+    with virtual_hosts(hosts), mesh:
+        try:
+            g = host_to_global_array_per_host(
+                [{"x": x}] * hosts, partition=spec, global_shape=(8, 8)
+            )
+        except ts.ShardingError as e:
+            reason = str(e).split(": ", 1)[1]  # the same reason, after the leaf's path
+            with pytest.raises(type(e), match="^" + re.escape(f"host_specs['x']: {reason}")):
+                ts.host_to_global_specs({"x": x}, partition=spec, global_shape=(8, 8))
+            return
+        specs = ts.host_to_global_specs({"x": x}, partition=spec, global_shape=(8, 8))
+    assert specs["x"].shape == tuple(g["x"].shape) == (8, 8)
+    assert specs["x"].sharding == ts.NamedSharding(mesh, spec)
+
+
 def test_global_shape_on_one_host_and_as_a_tree(mesh42):
     x = np.arange(16).reshape(8, 2)
     y = np.arange(8)

@@ -17,13 +17,20 @@ from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError, at
 from torchshard._core.mesh import current_mesh, require_mesh
 from torchshard._core.partition import DEFAULT_PARTITION
-from torchshard._core.plan import infer_global_shape
+from torchshard._core.plan import given_global_shape, infer_global_shape
 from torchshard._core.sharding import NamedSharding, dim_axes
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import current_topology
 from torchshard._core.tree import flatten, paths, unflatten
-from torchshard._engine import HostCall, check_full_batch, spec_tree_of, specs_for, to_global
+from torchshard._engine import (
+    HostCall,
+    check_full_batch,
+    global_shapes,
+    spec_tree_of,
+    specs_for,
+    to_global,
+)
 from torchshard._host_data import check_supported_dtype, shape_dtype
 
 
@@ -125,13 +132,17 @@ def host_to_global_device_array(
     return host_to_global_array(host_arrays, partition=partition, global_shape=global_shape)
 
 
-def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITION) -> Any:
+def host_to_global_specs(
+    host_specs: Any, /, *, partition: Any = DEFAULT_PARTITION, global_shape: Any = None
+) -> Any:
     """The ``TensorSpec`` tree that ``host_to_global_array`` would return; nothing moves.
 
     Args:
         host_specs: a tree whose leaves are ``TensorSpec``s or objects with ``.shape`` and
             ``.dtype`` (numpy arrays, tensors), each a host's block.
         partition: as for ``host_to_global_array``.
+        global_shape: as for ``host_to_global_array`` (checked against each block the same
+            way; the given shape is the spec's shape).
 
     Example (8 devices, one host):
 
@@ -154,17 +165,24 @@ def host_to_global_specs(host_specs: Any, /, *, partition: Any = DEFAULT_PARTITI
         check_supported_dtype(dtype, path)
     as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
     specs = specs_for(spec_tree, as_specs, len(leaves), "host_specs")
+    given = global_shapes(global_shape, as_specs, len(leaves), "host_specs", where)
     if full:
         check_full_batch(where, [s for s, _ in shapes_dtypes])
     out = []
-    for (shape, dtype), path, spec in zip(shapes_dtypes, where, specs, strict=True):
+    for (shape, dtype), path, spec, known in zip(
+        shapes_dtypes, where, specs, given, strict=True
+    ):
         axes = dim_axes(mesh, spec, len(shape), where=path)
         try:
-            global_shape = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
+            if known is None:
+                found = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
+            else:
+                given_global_shape(mesh, spec, axes, shape, known, topology.device_process)
+                found = known
             backend.check_layout(mesh, axes)
         except ShardingError as e:
             raise type(e)(at(path, str(e))) from None
-        out.append(TensorSpec(global_shape, dtype, NamedSharding(mesh, spec)))
+        out.append(TensorSpec(found, dtype, NamedSharding(mesh, spec)))
     return unflatten(treespec, out)
 
 
