@@ -6,11 +6,13 @@ torch: DataLoader workers import it, never torch_xla.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import sys
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 FEATURES, CLASSES = 32, 10
 
@@ -38,6 +40,23 @@ def check_worker(worker_id: int) -> None:
             f"DataLoader worker {worker_id} has torch_xla imported; start workers with the "
             "'forkserver' or 'spawn' method and keep the dataset free of XLA."
         )
+
+
+def host_loader(dataset: Any, batch_size: int, sampler: Any, workers: int) -> DataLoader:
+    """A host's DataLoader over its sampler's shard, with ``workers`` worker processes forked
+    from a server that has imported this module (torch, numpy; no XLA), each checking so."""
+    if workers:
+        multiprocessing.set_forkserver_preload([__name__])
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=workers,
+        multiprocessing_context="forkserver" if workers else None,
+        persistent_workers=workers > 0,
+        worker_init_fn=check_worker,
+    )
 
 
 def mlp() -> torch.nn.Module:

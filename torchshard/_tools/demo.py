@@ -21,14 +21,12 @@ it), and forking a process whose XLA runtime threads are live is avoided.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from torchshard._tools._demo_common import (
     CLASSES,
@@ -37,6 +35,7 @@ from torchshard._tools._demo_common import (
     SyntheticClassification,
     _mean,
     check_worker,
+    host_loader,
     mlp,
 )
 
@@ -80,22 +79,7 @@ def train(
         for h in range(hosts)
     ]
     host_workers = max(1, workers // hosts) if workers > 0 else 0
-    if host_workers:
-        # Workers fork from a server that has imported this module (torch, numpy; no XLA).
-        multiprocessing.set_forkserver_preload([__name__])
-    loaders = [
-        DataLoader(
-            dataset,
-            batch_size=per_host,
-            sampler=sampler,
-            drop_last=True,
-            num_workers=host_workers,
-            multiprocessing_context="forkserver" if host_workers else None,
-            persistent_workers=host_workers > 0,
-            worker_init_fn=check_worker,
-        )
-        for sampler in samplers
-    ]
+    loaders = [host_loader(dataset, per_host, sampler, host_workers) for sampler in samplers]
     log(
         f"mesh {dict(mesh.shape)}, {hosts} host(s) x {host_workers} DataLoader worker(s)"
         f"{' (forkserver)' if host_workers else ''}, global batch {batch_size} "

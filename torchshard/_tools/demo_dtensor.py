@@ -30,7 +30,7 @@ from torchshard._tools._demo_common import (
     Result,
     SyntheticClassification,
     _mean,
-    check_worker,
+    host_loader,
     mlp,
 )
 
@@ -59,7 +59,6 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
     """One gloo process: trains; rank 0 prints and reports the ``Result``."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader
 
     import torchshard as ts
 
@@ -84,18 +83,7 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
             dataset, {"num_shards": s.processes, "shard_index": rank}, seed=s.seed
         )
         workers = max(1, s.workers // s.processes) if s.workers > 0 else 0
-        if workers:
-            multiprocessing.set_forkserver_preload(["torchshard._tools._demo_common"])
-        source = DataLoader(
-            dataset,
-            batch_size=per_process,
-            sampler=sampler,
-            drop_last=True,
-            num_workers=workers,
-            multiprocessing_context="forkserver" if workers else None,
-            persistent_workers=workers > 0,
-            worker_init_fn=check_worker,
-        )
+        source = host_loader(dataset, per_process, sampler, workers)
         log(
             f"mesh {dict(mesh.shape)}, {s.processes} gloo process(es) x {workers} DataLoader "
             f"worker(s){' (forkserver)' if workers else ''}, global batch {s.batch_size} "
