@@ -547,7 +547,7 @@ def test_repeated_calls_reuse_plans_but_never_data_or_skipped_checks(mesh42):
     spec = ts.P(("data", "model"))
     first = torch.arange(32).reshape(8, 4)
     g = ts.host_to_global_array({"x": first}, partition=spec)
-    key = next(k for k in _engine._CALLS if k[3] == (structure({"x": 0}),) and k[2] == spec)
+    key = next(k for k in _engine._CALLS if k[4] == (structure({"x": 0}),) and k[3] == spec)
     plans = _engine._CALLS[key].plans
     assert all(not any(isinstance(v, torch.Tensor) for v in vars(p).values()) for p in plans)
     with pytest.raises(ts.ShardingError, match=r"host_arrays\['x'\]"):
