@@ -42,7 +42,7 @@ from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.topology import Topology
 from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
-from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor
+from torchshard._host_data import HAS_NAMED_TENSORS, SUPPORTED_DTYPES, as_host_tensor
 
 _REPLICATED = PartitionSpec()
 _STRIDED = torch.strided
@@ -203,7 +203,7 @@ def _key(mesh: Mesh, topology: Topology, call: HostCall) -> tuple[Any, ...] | No
                     or x.requires_grad
                     or x.dtype not in SUPPORTED
                     or x.layout is not _STRIDED
-                    or x.has_names()
+                    or (HAS_NAMED_TENSORS and x.has_names())
                 ):
                     return None
                 sig.append((x.shape, x.dtype))
@@ -360,7 +360,7 @@ def _host_tensor(x: Any, paths: LazyPaths, i: int) -> torch.Tensor:
         and not x.requires_grad
         and x.dtype in SUPPORTED
         and x.layout is _STRIDED
-        and not x.has_names()
+        and not (HAS_NAMED_TENSORS and x.has_names())
     ):
         return x
     return as_host_tensor(x, paths[i])

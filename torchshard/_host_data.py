@@ -52,6 +52,16 @@ MASKED_ARRAY = (
 )
 
 
+
+# Named tensors (and `Tensor.has_names`) are in torch 2.9.0 and gone in 2.13.0, 2.14.1, 2.15.0.
+HAS_NAMED_TENSORS = hasattr(torch.Tensor, "has_names")
+
+
+def has_names(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a named tensor (never, on a torch without named tensors)."""
+    return HAS_NAMED_TENSORS and x.has_names()
+
+
 def _dtype_names() -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
@@ -74,7 +84,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
                 f"{where}: expected a dense (strided) tensor, but got a tensor of layout "
                 f"{x.layout}; global tensors are dense: pass x.to_dense()."
             )
-        if x.has_names():
+        if has_names(x):
             raise TypeError(
                 f"{where}: expected a tensor without dimension names, but got one named "
                 f"{x.names}; named tensors are not supported: pass x.rename(None)."

@@ -40,7 +40,7 @@ from torchshard._dispatch import (
     onehot_to_indices,
     row_targets_to_indices,
 )
-from torchshard._host_data import MASKED_ARRAY, as_host_tensor, shape_dtype
+from torchshard._host_data import MASKED_ARRAY, as_host_tensor, has_names, shape_dtype
 
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
@@ -59,7 +59,7 @@ def _host_leaf(x: Any, where: str) -> None:
                 f"{where}: logical_to_physical_batch runs on the host; expected a numpy array or "
                 f"a CPU tensor, but got a tensor on {x.device}."
             )
-        if x.layout is not torch.strided or x.has_names():
+        if x.layout is not torch.strided or has_names(x):
             as_host_tensor(x, where)  # raises: sparse and named tensors are not host arrays
     elif isinstance(x, np.ma.MaskedArray):
         raise TypeError(f"{where}: {MASKED_ARRAY}")
