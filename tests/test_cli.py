@@ -400,6 +400,10 @@ def fake_bench(monkeypatch):
             report.ratio(FAKE, f"case {i}", "a", "b", value, target)
 
     module.run = run
+    # The fake bench needs no devices: no XLA emulation (which needs torch_xla).
+    from torchshard._backend import xla_env
+
+    monkeypatch.setattr(xla_env, "setup_cpu_emulation", lambda n: None)
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(bench.BENCHES, FAKE, module.__name__)
     yield module

@@ -176,6 +176,7 @@ def _check(result: subprocess.CompletedProcess, script: pathlib.Path) -> None:
 RUN_CHAINS = chains("run")
 
 
+@pytest.mark.xla  # the run: blocks use the XLA emulation (the DTensor ones are torchrun:)
 @pytest.mark.parametrize(
     ("head", "tail"), RUN_CHAINS, ids=[f"{h.document}:{h.name}" for h, _ in RUN_CHAINS]
 )

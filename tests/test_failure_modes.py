@@ -44,6 +44,7 @@ def _no_transfers(monkeypatch, mesh):
 SHARED_MESH = np.array([[0, 4], [1, 5], [2, 6], [3, 7]])  # hosts 0 and 2 hold the same rows
 
 
+@pytest.mark.xla
 def test_hosts_sharing_shards_must_agree_on_values(monkeypatch):
     mesh = ts.Mesh(SHARED_MESH, ("data", "model"))
     blocks = [{"x": np.full((4, 2), h, np.float32)} for h in range(4)]
@@ -62,6 +63,7 @@ def test_hosts_sharing_shards_must_agree_on_values(monkeypatch):
         assert transfers == []
 
 
+@pytest.mark.xla
 def test_hosts_sharing_shards_with_equal_values_assemble():
     """The same mesh with hosts 0/2 and 1/3 passing the same rows: the global array is every
     host's rows once, and each host reads back its block."""
@@ -487,6 +489,7 @@ def test_unsupported_partition_lists_the_accepted_forms(mesh42, monkeypatch, par
 
 
 # -- virtual_hosts arguments ------------------------------------------------------------------
+@pytest.mark.xla
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
