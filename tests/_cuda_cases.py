@@ -35,9 +35,10 @@ def assemble_readback() -> dict[str, Any]:
     mesh = ts.create_device_mesh((world,), ("data",), backend="dtensor")
     x, y = g[rows].clone(), gi[rows].clone()
     with mesh:
-        out = ts.host_to_global_array({"x": x, "y": y, "r": torch.arange(6.0)}, partition={
-            "x": ts.P("data"), "y": ts.P("data"), "r": ts.P()
-        })
+        out = ts.host_to_global_array(
+            {"x": x, "y": y, "r": torch.arange(6.0)},
+            partition={"x": ts.P("data"), "y": ts.P("data"), "r": ts.P()},
+        )
         x.zero_()  # the global tensors own their memory
         y.zero_()
         back = ts.global_to_host_array(out)

@@ -91,8 +91,9 @@ def loader_device_setup(prefetch: int, batches: int = 4) -> dict[str, Any]:
     import torch.distributed as dist
 
     import torchshard as ts
-    from torchshard._backend import device as devices
-    from torchshard._backend import dtensor, staging
+    from torchshard._backend.dtensor import device as devices
+    from torchshard._backend.dtensor import mesh as dtensor
+    from torchshard._backend.dtensor import staging
 
     rank, world = dist.get_rank(), dist.get_world_size()
     index = 10 + rank
@@ -143,8 +144,8 @@ def permuted_mesh() -> dict[str, Any]:
     from torch.distributed.tensor import DTensor, Shard
 
     import torchshard as ts
-    from torchshard._backend import device as devices
-    from torchshard._backend import dtensor
+    from torchshard._backend.dtensor import device as devices
+    from torchshard._backend.dtensor import mesh as dtensor
 
     rank = dist.get_rank()
     out: dict[str, Any] = {}
@@ -206,8 +207,8 @@ def mesh_devices() -> dict[str, Any]:
     from torch.distributed.device_mesh import DeviceMesh
 
     import torchshard as ts
-    from torchshard._backend import device as devices
-    from torchshard._backend import dtensor
+    from torchshard._backend.dtensor import device as devices
+    from torchshard._backend.dtensor import mesh as dtensor
 
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict[str, Any] = {"backend": str(dist.get_backend())}

@@ -26,7 +26,7 @@ def placement_names(placements: Any) -> list[str]:
     ``is_shard``/``is_replicate``/``is_partial``), never from its text (``str(Partial())`` is
     'P' on torch 2.9 and 'P(sum)' on 2.15): ``"S(d)"``, ``"R"``, ``"P"``, and ``"_S(d,k)"``
     for a ``_StridedShard`` (split factor ``k``)."""
-    from torchshard._backend._torch_private import is_strided_shard
+    from torchshard._backend.dtensor._torch_private import is_strided_shard
 
     out = []
     for p in placements:
@@ -135,7 +135,7 @@ def roundtrip(
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
 
     ts = _ts()
     arr = np.asarray(grid, dtype=np.int64)
@@ -150,7 +150,7 @@ def roundtrip(
         if given.numel():  # the global tensor owns its memory
             given.copy_(torch.zeros_like(given) if dtype != "bool" else ~given)
         x = out["x"]
-        (shard,) = get_backend(mesh).local_shards([x])[0]
+        (shard,) = lookup(mesh).read.local_shards([x])[0]
         specs = ts.host_to_global_specs({"x": block}, **partition)["x"]
         back = ts.global_to_host_array(out)
         full = ts.replicate_to_local_data(out)
@@ -300,36 +300,36 @@ def annotate() -> dict[str, Any]:
     """``Backend.annotate`` redistributes (a new DTensor); what with_sharding_constraint uses."""
     import torch.distributed as dist
 
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
     from torchshard._core.sharding import dim_axes
 
     ts = _ts()
     world = dist.get_world_size()
     rank = dist.get_rank()
     mesh = _mesh(np.arange(world), ("data",))
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     g = global_value((2 * world, 2 * world), "float32")
     out: dict[str, Any] = {}
     with mesh:
         rep = ts.host_to_global_array(g, partition=ts.P())
-        sharded = backend.annotate(rep, mesh, dim_axes(mesh, ts.P("data"), 2))
+        sharded = backend.step.annotate(rep, mesh, dim_axes(mesh, ts.P("data"), 2))
         out["to_shard"] = (placement_names(sharded.placements), sharded.to_local().clone())
         out["same_object_if_unchanged"] = (
-            backend.annotate(sharded, mesh, dim_axes(mesh, ts.P("data"), 2)) is sharded
+            backend.step.annotate(sharded, mesh, dim_axes(mesh, ts.P("data"), 2)) is sharded
         )
-        back = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(), 2))
+        back = backend.step.annotate(sharded, mesh, dim_axes(mesh, ts.P(), 2))
         out["to_replicate"] = (placement_names(back.placements), back.to_local().clone())
-        cols = backend.annotate(sharded, mesh, dim_axes(mesh, ts.P(None, "data"), 2))
+        cols = backend.step.annotate(sharded, mesh, dim_axes(mesh, ts.P(None, "data"), 2))
         out["to_dim1"] = (placement_names(cols.placements), ts.replicate_to_local_data(cols))
         i16 = ts.host_to_global_array(g[2 * rank : 2 * rank + 2].to(torch.int16))
-        moved = backend.annotate(i16, mesh, dim_axes(mesh, ts.P(), 2))
+        moved = backend.step.annotate(i16, mesh, dim_axes(mesh, ts.P(), 2))
         out["int16"] = (
             placement_names(moved.placements),
             moved.to_local().clone(),
             str(moved.dtype),
         )
         out["plain_tensor"] = _catch(
-            lambda: backend.annotate(torch.zeros(2, 3), mesh, dim_axes(mesh, ts.P("data"), 2))
+            lambda: backend.step.annotate(torch.zeros(2, 3), mesh, dim_axes(mesh, ts.P("data"), 2))
         )
     return out
 
@@ -364,14 +364,14 @@ def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
     """
     import torch.distributed as dist
 
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
     from torchshard._core.sharding import dim_axes
 
     ts = _ts()
     world = dist.get_world_size()
     rank = dist.get_rank()
     mesh = _mesh(np.arange(world), ("data",))
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     phys, logical = 4 * world, 2 * world
     g = global_value((phys, 3), "float32")
     perm = torch.randperm(phys, generator=torch.Generator().manual_seed(7))[:logical]
@@ -393,7 +393,7 @@ def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
                 {"x": g[rows].clone(), "key": onehot[rows].clone()}, partition=ts.P("data")
             )
             picked = torch.einsum("pf,pl->lf", both["x"], both["key"].to(torch.float32))
-        placed = backend.annotate(picked, mesh, dim_axes(mesh, ts.P("data"), 2))
+        placed = backend.step.annotate(picked, mesh, dim_axes(mesh, ts.P("data"), 2))
         return {
             "picked_placements": placement_names(picked.placements),
             "placements": placement_names(placed.placements),

@@ -38,7 +38,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
     def __enter__(self) -> _Records:
-        from torchshard import _constraint
+        from torchshard._step import constraint as _constraint
 
         _constraint._LOGGED.clear()  # "logs once" is per process; a case may run twice
         log = logging.getLogger("torchshard")
@@ -265,9 +265,11 @@ def input_dispatcher(
     fl = d.feed_logical_batch_size
     mine = d.logical_to_physical_batch(feed_batch(read["shard_index"] * fl, fl))
     shapes = d.logical_to_physical_shapes(
-        {"example_index": ts.TensorSpec((fl,), np.dtype(np.int64)),
-         "x": ts.TensorSpec((fl, 2), np.dtype(np.float32)),
-         "flag": ts.TensorSpec((fl,), np.dtype(np.bool_))}
+        {
+            "example_index": ts.TensorSpec((fl,), np.dtype(np.int64)),
+            "x": ts.TensorSpec((fl, 2), np.dtype(np.float32)),
+            "flag": ts.TensorSpec((fl,), np.dtype(np.bool_)),
+        }
     )
     with _mesh(arr, axis_names):
         g = ts.host_to_global_array(mine, partition=d.partition_spec)
@@ -447,12 +449,12 @@ def take_rows_layouts() -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
 
     world = dist.get_world_size()
     mesh = _mesh(np.arange(world).reshape(2, world // 2), ("data", "model"))
     dm = mesh.native
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     g = global_value((4 * world, 4), "float64")
     index = torch.tensor([5, 0, 4 * world - 1, 3, 2 * world, 1, 7])  # 7 rows: uneven
     layouts = {
@@ -465,13 +467,13 @@ def take_rows_layouts() -> dict[str, Any]:
     out: dict[str, Any] = {"expected": g[index]}
     for name, placements in layouts.items():
         x = DTensor.from_local(g, dm, [Replicate(), Replicate()]).redistribute(dm, placements)
-        y = backend.take_rows(x, index)
+        y = backend.step.take_rows(x, index)
         out[name] = {"placements": placement_names(y.placements), "full": y.full_tensor()}
     short = g[: world - 1]  # split over every rank, the last holds no row
     x = DTensor.from_local(short, dm, [Replicate(), Replicate()]).redistribute(
         dm, [Shard(0), Shard(0)]
     )
-    y = backend.take_rows(x, torch.tensor([world - 2, 0, world - 2]))
+    y = backend.step.take_rows(x, torch.tensor([world - 2, 0, world - 2]))
     out["short"] = {
         "held": x.to_local().shape[0],
         "placements": placement_names(y.placements),
@@ -479,12 +481,12 @@ def take_rows_layouts() -> dict[str, Any]:
         "expected": short[[world - 2, 0, world - 2]],
     }
     partial = DTensor.from_local(g / world, dm, [Partial(), Partial()], run_check=False)
-    y = backend.take_rows(partial, index)
+    y = backend.step.take_rows(partial, index)
     out["partial"] = {"placements": placement_names(y.placements), "full": y.full_tensor()}
     leaf = g.clone().requires_grad_()
     x = DTensor.from_local(leaf, dm, [Replicate(), Replicate()]).redistribute(
         dm, [Shard(0), Shard(0)]
     )
-    (backend.take_rows(x, index) ** 2).sum().full_tensor().backward()
+    (backend.step.take_rows(x, index) ** 2).sum().full_tensor().backward()
     out["grad"] = leaf.grad.clone()
     return out

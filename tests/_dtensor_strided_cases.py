@@ -55,7 +55,7 @@ def strided(layout: str) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     import torchshard as ts
-    from torchshard._backend._torch_private import StridedShard
+    from torchshard._backend.dtensor._torch_private import StridedShard
 
     grid, names, spec = LAYOUTS[layout]
     rank = dist.get_rank()

@@ -214,7 +214,9 @@ def _worker_main() -> None:
             init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),
+            timeout=datetime.timedelta(
+                seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])
+            ),
         )
         cases = importlib.import_module(CASES_MODULE)
         out.send_bytes(pickle.dumps(("ok", rank)))

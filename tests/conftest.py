@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 
 import torchshard as ts
-from torchshard._backend.xla_env import INSTALL_XLA, xla_installed
+from torchshard._backend.xla.env import INSTALL_XLA, xla_installed
 
 XLA = xla_installed()
 NO_XLA = f"needs torch_xla, which is not installed (`{INSTALL_XLA}`)"

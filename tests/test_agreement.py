@@ -24,11 +24,15 @@ def _describe(tree, partition=None):
 def test_numpy_and_torch_leaves_of_one_shape_and_dtype_describe_alike():
     a = _describe({"x": np.zeros((4, 3), np.float32), "y": np.zeros(4, np.bool_)})
     b = _describe({"x": torch.zeros(4, 3), "y": torch.zeros(4, dtype=torch.bool)})
-    assert a == b == [
-        "structure PyTreeSpec({'x': *, 'y': *}), partition None",
-        "(4, 3) float32",
-        "(4,) bool",
-    ]
+    assert (
+        a
+        == b
+        == [
+            "structure PyTreeSpec({'x': *, 'y': *}), partition None",
+            "(4, 3) float32",
+            "(4,) bool",
+        ]
+    )
     assert digest(a) == digest(b)
 
 
@@ -61,7 +65,7 @@ def test_the_error_names_the_first_leaf_that_differs_and_the_processes():
     odd[3] = "(3,) float32"
     where = LazyPaths(treespec, "host_arrays").__getitem__
     err = disagreement("host_arrays", [ref, odd, ref, odd], where)
-    assert isinstance(err, ts.ProcessDisagreementError)
+    assert isinstance(err, ts.errors.ProcessDisagreementError)
     assert isinstance(err, ValueError)
     assert str(err) == (
         "host_arrays['y'][1]: every process must pass the same shape and dtype for a leaf (the "

@@ -1,5 +1,5 @@
 """host_to_global_array, host_to_global_specs, global_to_host_array, replicate_to_local_data
-(torchshard._host_to_global, _engine, _readback): types, dtypes, shardings, threads,
+(torchshard._place.host_to_global, _engine, _readback): types, dtypes, shardings, threads,
 deprecations, read-back."""
 
 import collections
@@ -18,7 +18,7 @@ import torch_xla.distributed.spmd as xs
 from helpers import DTYPES, to_numpy, xla_shards
 
 import torchshard as ts
-from torchshard._backend import get_backend
+from torchshard._backend.registry import lookup
 from torchshard.testing import (
     global_to_host_array_per_host,
     host_to_global_array_per_host,
@@ -229,15 +229,15 @@ def test_batch_partition_infers_the_global_shape_from_the_mesh(fresh_deprecation
 
 def test_each_device_receives_only_its_shard(mesh42, monkeypatch):
     """No full copy per device: the backend is handed one shard-sized view per device."""
-    backend = get_backend(ts.current_mesh())
+    backend = lookup(ts.current_mesh())
     seen = []
-    real = backend.make_global
+    real = backend.place.make_global
 
     def spy(mesh, axes, global_shape, shards):
         seen.append([tuple(s.shape) for s in shards])
         return real(mesh, axes, global_shape, shards)
 
-    monkeypatch.setattr(backend, "make_global", spy)
+    monkeypatch.setattr(backend.place, "make_global", spy)
     ts.host_to_global_array({"x": np.zeros((16, 4))}, partition=ts.P("data", "model"))
     assert seen == [[(4, 2)] * 8]
 
@@ -290,7 +290,7 @@ def test_host_to_global_specs_under_virtual_hosts(mesh42):
 
 def test_host_to_global_specs_errors_name_the_leaf(mesh42):
     with pytest.raises(
-        ts.IndivisibleError,
+        ts.errors.IndivisibleError,
         match=re.escape("host_specs['x']: dim 0 has size 6, not divisible by 8"),
     ):
         ts.host_to_global_specs({"x": ts.TensorSpec((6,), torch.float32)})
@@ -316,12 +316,12 @@ def test_global_to_host_array_reads_local_shards_without_compiling(mesh42, monke
     import torch_xla.debug.metrics as met
 
     g = ts.host_to_global_array({"x": np.arange(16).reshape(8, 2)}, partition=ts.P("data"))
-    backend = get_backend(ts.current_mesh())
+    backend = lookup(ts.current_mesh())
 
     def no_gather(x):
         raise AssertionError("global_to_host_array must not gather")
 
-    monkeypatch.setattr(backend, "gather", no_gather)
+    monkeypatch.setattr(backend.read, "gather", no_gather)
     monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: no_gather(self))
     before = met.metric_data("CompileTime")
     back = ts.global_to_host_array(g)
@@ -349,11 +349,11 @@ def test_unsharded_xla_tensors_read_back(mesh42):
 
 def test_replicate_to_local_data_falls_back_to_gather_when_blocks_are_missing(mesh42, monkeypatch):
     g = ts.host_to_global_array({"x": np.arange(8)})
-    backend = get_backend(ts.current_mesh())
-    real = backend.local_shards
-    monkeypatch.setattr(backend, "local_shards", lambda ts_: [s[:4] for s in real(ts_)])
+    backend = lookup(ts.current_mesh())
+    real = backend.read.local_shards
+    monkeypatch.setattr(backend.read, "local_shards", lambda ts_: [s[:4] for s in real(ts_)])
     gathered = []
-    monkeypatch.setattr(backend, "gather", lambda x: gathered.append(x) or x.cpu())
+    monkeypatch.setattr(backend.read, "gather", lambda x: gathered.append(x) or x.cpu())
     assert ts.replicate_to_local_data(g)["x"].tolist() == list(range(8))
     assert len(gathered) == 1
 
@@ -384,10 +384,10 @@ def test_non_grid_layout_in_the_emulation_and_on_a_real_run(monkeypatch):
         for h, block in enumerate(global_to_host_array_per_host(g)):
             np.testing.assert_array_equal(block.numpy(), per[h])
         # On a real multi-host run only the process's own devices are addressable.
-        backend = get_backend(mesh)
-        real = backend.local_shards
+        backend = lookup(mesh)
+        real = backend.read.local_shards
         monkeypatch.setattr(
-            backend,
+            backend.read,
             "local_shards",
             lambda t: [[s for s in x if s.device in (0, 1)] for x in real(t)],
         )
@@ -411,12 +411,12 @@ def test_non_grid_layout_in_the_emulation_and_on_a_real_run(monkeypatch):
 @pytest.mark.parametrize(
     ("tree", "partition", "error"),
     [
-        ({"a": np.zeros(8), "b": np.zeros(6)}, ts.P("data"), ts.IndivisibleError),
+        ({"a": np.zeros(8), "b": np.zeros(6)}, ts.P("data"), ts.errors.IndivisibleError),
         ({"a": np.zeros(8), "b": np.array(["s"] * 8)}, ts.P("data"), TypeError),
         (
             {"a": np.zeros(8), "b": np.zeros(8)},
             {"a": ts.P("data"), "c": None},
-            ts.TreeStructureError,
+            ts.errors.TreeStructureError,
         ),
         ({"a": np.zeros(8), "b": np.zeros(4)}, None, None),  # FULL: batch sizes disagree
         (
@@ -427,9 +427,9 @@ def test_non_grid_layout_in_the_emulation_and_on_a_real_run(monkeypatch):
     ],
 )
 def test_nothing_is_transferred_when_any_leaf_is_bad(mesh42, monkeypatch, tree, partition, error):
-    backend = get_backend(ts.current_mesh())
+    backend = lookup(ts.current_mesh())
     calls = []
-    monkeypatch.setattr(backend, "make_global", lambda *a: calls.append(a))
+    monkeypatch.setattr(backend.place, "make_global", lambda *a: calls.append(a))
     kwargs = {} if error is None else {"partition": partition}
     with pytest.raises(error or ts.ShardingError):
         ts.host_to_global_array(tree, **kwargs)
@@ -541,8 +541,8 @@ def test_repeated_calls_reuse_plans_but_never_data_or_skipped_checks(mesh42):
     """A call's plans are kept by (mesh, topology, partition, structure, leaf types, shapes,
     dtypes): a hit still reads the new data, a bad call in between is still refused (and not
     cached), and a numpy leaf of the same shape is not taken for a tensor."""
-    from torchshard import _engine
     from torchshard._core.tree import structure
+    from torchshard._place import cache as _engine
 
     spec = ts.P(("data", "model"))
     first = torch.arange(32).reshape(8, 4)

@@ -143,7 +143,7 @@ def test_round_trip_matches_torch_xla_and_numpy(case):
         uniform = layout_is_uniform(segments, len(shape))
         event(f"{hosts} hosts, {'uniform' if uniform else 'non-uniform'}")
         if not uniform:  # every host passes a block of host 0's shape; no global shape fits
-            with pytest.raises(ts.NonUniformShardingError, match="is not process-uniform"):
+            with pytest.raises(ts.errors.NonUniformShardingError, match="is not process-uniform"):
                 host_to_global_array_per_host([blocks[0]] * hosts, partition=spec)
             return
         g = host_to_global_array_per_host(blocks, partition=spec)
@@ -232,5 +232,5 @@ def test_uneven_shapes_are_refused_but_mapped_as_torch_xla_pads_them(case):
     for d, (ranges, data) in xla.items():
         assert tuple((s.start, s.stop) for s in index_map[d]) == ranges, d
         assert _bits_equal(data, G[index_map[d]]), d
-    with mesh, pytest.raises(ts.IndivisibleError, match="Pad the batch to a multiple"):
+    with mesh, pytest.raises(ts.errors.IndivisibleError, match="Pad the batch to a multiple"):
         ts.host_to_global_array(G, partition=spec)

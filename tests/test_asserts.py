@@ -142,7 +142,7 @@ def test_bad_arguments(mesh42):
 
 def test_no_mesh():
     with pytest.raises(
-        ts.NoMeshError,
+        ts.errors.NoMeshError,
         match=re.escape(
             "assert_sharded: no mesh was given and there is no current mesh in this thread; pass "
             "mesh=... or call it inside `with mesh:`."

@@ -26,18 +26,19 @@ from test_assemble_properties import (
 )
 
 import torchshard as ts
-from torchshard._backend import get_backend
-from torchshard._backend import xla as backend_xla
-from torchshard._backend.xla import _stacked
-from torchshard._core.topology import current_topology
-from torchshard._engine import read, to_global
+from torchshard._backend.registry import lookup
+from torchshard._backend.xla import backend as backend_xla
+from torchshard._backend.xla.backend import _stacked
+from torchshard._mesh.context import current_topology
+from torchshard._place.call import read
+from torchshard._place.place import to_global
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
 
 def assemble_per_host(blocks, *, partition, background):
     """The engine as the per-host loader's thread calls it (``background``)."""
     mesh = ts.current_mesh()
-    backend, topology = get_backend(mesh), current_topology(mesh)
+    backend, topology = lookup(mesh), current_topology(mesh)
     call = read(blocks, topology, partition, per_host=True)
     return to_global(mesh, backend, topology, call, background=background)
 

@@ -91,8 +91,8 @@ def test_layout_command_errors_are_messages():
     result = _run(*"layout --mesh 4,2 --axes data,model --spec data --shape 16,8 --hosts 3".split())
     assert result.returncode == 2
     assert result.stderr == (
-        "python -m torchshard layout: error: num_hosts must be a positive divisor of the mesh's "
-        "8 devices, but got 3; each host owns an equal, contiguous group of device ids.\n"
+        "python -m torchshard layout: error: num_hosts must be a positive divisor of the 8 "
+        "devices, but got 3; each host owns an equal, contiguous group of device ids.\n"
     )
     result = _run(
         *"layout --mesh 4,2 --axes data,model --spec __import__('os') --shape 16,8".split()
@@ -401,7 +401,7 @@ def fake_bench(monkeypatch):
 
     module.run = run
     # The fake bench needs no devices: no XLA emulation (which needs torch_xla).
-    from torchshard._backend import xla_env
+    from torchshard._backend.xla import env as xla_env
 
     monkeypatch.setattr(xla_env, "setup_cpu_emulation", lambda n: None)
     monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -469,7 +469,7 @@ def test_the_dtensor_benches_set_up_no_xla_emulation(
 ):
     """A DTensor-only bench runs on a plain install: the CLI sets up no XLA emulation for it
     (which would need torch_xla); every other bench still gets it."""
-    from torchshard._backend import xla_env
+    from torchshard._backend.xla import env as xla_env
     from torchshard._tools import bench
 
     calls = []

@@ -12,7 +12,8 @@ from data_helpers import FakeDispatcher, Rows, ids
 from torch.utils.data import DataLoader, default_collate
 
 import torchshard as ts
-from torchshard.data import WorkerProcessError, sharded_collate
+from torchshard.data import sharded_collate
+from torchshard.errors import WorkerProcessError
 
 
 def test_batches_are_global_and_equal_to_the_host_collate(mesh42):
@@ -63,7 +64,7 @@ def test_no_mesh():
         "sharded_collate must be called inside `with mesh:`, but there is no current mesh in "
         "this thread. Create one with torchshard.create_device_mesh(...) and enter it."
     )
-    with pytest.raises(ts.NoMeshError, match=f"^{re.escape(msg)}$"):
+    with pytest.raises(ts.errors.NoMeshError, match=f"^{re.escape(msg)}$"):
         next(iter(DataLoader(Rows(8), batch_size=8, collate_fn=sharded_collate())))
 
 

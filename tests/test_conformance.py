@@ -60,7 +60,7 @@ def test_index_map(case):
             n // k for n, k in zip(shape, counts, strict=True)
         )
     else:
-        with pytest.raises(ts.IndivisibleError):
+        with pytest.raises(ts.errors.IndivisibleError):
             sharding.shard_shape(shape)
 
 
@@ -84,7 +84,7 @@ def test_host_layout_maths(case):
     for h in range(case["num_hosts"]):
         for dim in range(ndim):
             if not case["uniform"][dim]:
-                with pytest.raises(ts.NonUniformShardingError):
+                with pytest.raises(ts.errors.NonUniformShardingError):
                     sharding.process_index_and_count(
                         dim, ndim=ndim, process_index=h, device_process=owners
                     )
@@ -136,9 +136,10 @@ def test_valid_layout_round_trips(case):
 @pytest.mark.parametrize("case", INVALID, ids=_ids(INVALID))
 def test_invalid_layout_is_refused(case):
     mesh, spec = conformance_mesh(case), conformance_spec(case)
-    error = {"non-uniform": ts.NonUniformShardingError, "indivisible": ts.IndivisibleError}[
-        case["reject_reason"]
-    ]
+    error = {
+        "non-uniform": ts.errors.NonUniformShardingError,
+        "indivisible": ts.errors.IndivisibleError,
+    }[case["reject_reason"]]
     local = np.zeros(case["local_shape"], np.float32)
     with virtual_hosts(case["num_hosts"]), mesh, pytest.raises(error):
         host_to_global_array_per_host([{"x": local}] * case["num_hosts"], partition=spec)

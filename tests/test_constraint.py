@@ -16,9 +16,9 @@ import torch_xla.distributed.spmd as xs
 from sharding_oracle import assert_sharded_as, placed_ranges
 
 import torchshard as ts
-from torchshard import _constraint
-from torchshard._backend import get_backend
+from torchshard._backend.registry import lookup
 from torchshard._core.spec import UNCONSTRAINED
+from torchshard._step import constraint as _constraint
 
 P = ts.P
 
@@ -190,15 +190,17 @@ def test_strict_type_errors(mesh42):
         ),
     ):
         ts.with_sharding_constraint(x, {"a": ["data"]})
-    with pytest.raises(ts.TreeStructureError, match=re.escape("spec must be a tree prefix of x")):
+    with pytest.raises(
+        ts.errors.TreeStructureError, match=re.escape("spec must be a tree prefix of x")
+    ):
         ts.with_sharding_constraint(x, {"b": P()})
 
 
 def test_nothing_annotated_when_a_leaf_is_bad(mesh42, monkeypatch):
     calls = []
-    backend = get_backend(mesh42)
-    original = backend.annotate
-    monkeypatch.setattr(backend, "annotate", lambda *a: calls.append(a) or original(*a))
+    backend = lookup(mesh42)
+    original = backend.step.annotate
+    monkeypatch.setattr(backend.step, "annotate", lambda *a: calls.append(a) or original(*a))
     x = [_global(mesh42, _rows()), _global(mesh42, _rows()).sum()]
     with pytest.raises(ts.ShardingError):
         ts.with_sharding_constraint(x, P("data"))

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchshard as ts
-from torchshard._optional import MissingDependencyError
+from torchshard._visualize.optional import MissingDependencyError
 from torchshard.testing import host_to_global_array_per_host, make_virtual_topology, virtual_hosts
 
 CONFORMANCE = pathlib.Path(__file__).parent / "data" / "conformance"
@@ -350,15 +350,16 @@ def test_bad_arguments():
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "num_hosts must be a positive divisor of the mesh's 8 devices, but got 3; each host "
-            "owns an equal, contiguous group of device ids."
+            "num_hosts must be a positive divisor of the 8 devices, but got 3; each host owns an "
+            "equal, contiguous group of device ids."
         ),
     ):
         ts.describe_layout(mesh, ts.P("data"), (16, 8), num_hosts=3)
     with pytest.raises(
         TypeError,
         match=re.escape(
-            "describe_layout: global_shape must be a sequence of non-negative ints, but got 16."
+            "describe_layout: global_shape: expected a shape (a sequence of ints >= 0), but got "
+            "16 of type int."
         ),
     ):
         ts.describe_layout(mesh, ts.P("data"), 16)

@@ -20,8 +20,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchshard._backend import device as devices
-from torchshard._backend import staging
+from torchshard._backend.dtensor import device as devices
+from torchshard._backend.dtensor import staging
 from torchshard._core.errors import ShardingError
 
 # -- the device type of a mesh torchshard builds ---------------------------------------------

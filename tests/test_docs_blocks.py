@@ -244,12 +244,13 @@ def test_the_overview_names_every_public_name():
     """``docs/index.md``'s table (the site's home page) keeps up with the public surface."""
     import torchshard
     import torchshard.data
+    import torchshard.errors
     import torchshard.testing
 
     text = (ROOT / "docs" / "index.md").read_text()
     missing = [
         f"{module.__name__}.{name}"
-        for module in (torchshard, torchshard.data, torchshard.testing)
+        for module in (torchshard, torchshard.data, torchshard.testing, torchshard.errors)
         for name in module.__all__
         if f"`{name}" not in text and f".{name}" not in text
     ]

@@ -105,8 +105,8 @@ def test_doctests_are_collected():
     assert len(DOCTESTS) >= MIN_DOCTESTS, names
     # Named after the defining module (not a re-exporting one): a class, a method.
     expected = {
-        "torchshard._core.mesh.Mesh",
-        "torchshard._input_dispatcher.InputDispatcher.logical_to_physical_batch",
+        "torchshard._mesh.mesh.Mesh",
+        "torchshard._step.input_dispatcher.InputDispatcher.logical_to_physical_batch",
     }
     assert expected <= set(names)
 

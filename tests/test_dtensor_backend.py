@@ -350,12 +350,12 @@ def test_no_process_group_is_a_clear_error():
 
     assert not dist.is_initialized()
     mesh = ts.Mesh(np.arange(2), ("data",), backend="dtensor")
-    with pytest.raises(ts.NoProcessGroupError, match=re.escape(_NO_PG)):
+    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(_NO_PG)):
         mesh.__enter__()
     assert ts.current_mesh() is None
-    with pytest.raises(ts.NoProcessGroupError, match=re.escape(_NO_PG)):
+    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(_NO_PG)):
         ts.create_device_mesh((2,), ("data",), backend="dtensor")
-    assert isinstance(ts.NoProcessGroupError(""), ValueError)
+    assert isinstance(ts.errors.NoProcessGroupError(""), ValueError)
 
 
 def test_set_agreement_check_returns_the_old_setting():

@@ -490,7 +490,7 @@ def _fresh(code: str, lines: int = 1) -> Any:
 def test_without_a_process_group_or_torch_xla_the_default_is_dtensor_and_says_what_to_do():
     code = """
 import numpy as np
-from torchshard._backend import default_backend_name
+from torchshard._backend.registry import default_name as default_backend_name
 print(default_backend_name())
 for call in (ts.process_index, lambda: ts.setup_cpu_emulation(8),
              lambda: ts.Mesh(np.arange(8), "data").__enter__()):
@@ -518,7 +518,7 @@ def test_with_a_process_group_and_no_torch_xla_the_default_is_dtensor():
     code = """
 import torch.distributed as dist
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
-from torchshard._backend import default_backend_name
+from torchshard._backend.registry import default_name as default_backend_name
 d = ts.InputDispatcher(4)
 print(default_backend_name(), ts.process_index(), ts.process_count(), d.num_physical_feeds)
 dist.destroy_process_group()
@@ -528,7 +528,7 @@ dist.destroy_process_group()
 
 @pytest.mark.xla
 def test_in_a_torch_xla_process_the_default_stays_xla():
-    from torchshard._backend import default_backend_name
+    from torchshard._backend.registry import default_name as default_backend_name
 
     assert "torch_xla" in sys.modules
     assert default_backend_name() == "xla"
@@ -537,10 +537,10 @@ def test_in_a_torch_xla_process_the_default_stays_xla():
 
 def test_take_rows_and_full_local_on_plain_tensors():
     """Outside DTensor the dispatch primitives are plain torch: the key itself, index_select."""
-    from torchshard._backend import backend_of
+    from torchshard._backend.registry import lookup
 
     x, index = torch.arange(12).reshape(6, 2), torch.tensor([4, 0])
-    backend = backend_of(x)
+    backend = lookup(x)
     assert backend.name == "xla"
-    assert backend.full_local(index) is index
-    assert torch.equal(backend.take_rows(x, index), x[[4, 0]])
+    assert backend.step.full_local(index) is index
+    assert torch.equal(backend.step.take_rows(x, index), x[[4, 0]])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchshard._backend._torch_private import StridedShard, is_strided_shard
+from torchshard._backend.dtensor._torch_private import StridedShard, is_strided_shard
 
 WORLD = {"1d": 2, "2x1": 2, "2x2": 4}
 

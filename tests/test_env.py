@@ -12,7 +12,7 @@ pytestmark = pytest.mark.xla  # every test here runs on torch_xla
 
 SHOW = (
     "import os; os.environ.pop('PJRT_DEVICE', None); os.environ.pop('CPU_NUM_DEVICES', None)\n"
-    "from torchshard._backend.xla_env import setup_cpu_emulation\n"
+    "from torchshard._backend.xla.env import setup_cpu_emulation\n"
     "assert setup_cpu_emulation(4, force=True)\n"
     "print(os.environ['PJRT_DEVICE'], os.environ['CPU_NUM_DEVICES'], os.environ['PJRT_NPROC'])\n"
 )

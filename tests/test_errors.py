@@ -39,9 +39,9 @@ def _exactly(message):
     ],
 )
 def test_no_current_mesh(call, name):
-    with pytest.raises(ts.NoMeshError, match=_exactly(NO_MESH.format(name))):
+    with pytest.raises(ts.errors.NoMeshError, match=_exactly(NO_MESH.format(name))):
         call()
-    assert issubclass(ts.NoMeshError, ValueError)
+    assert issubclass(ts.errors.NoMeshError, ValueError)
 
 
 CASES = {
@@ -63,7 +63,7 @@ CASES = {
     ),
     "indivisible dim": (
         lambda: ts.host_to_global_array({"x": np.zeros((6, 3))}, partition=ts.P("data")),
-        ts.IndivisibleError,
+        ts.errors.IndivisibleError,
         (
             "host_arrays['x']: dim 0 has size 6, not divisible by 4 (axes ('data',) of "
             "P('data',) on mesh {'data': 4, 'model': 2}); global shape (6, 3). Pad the batch to "
@@ -73,7 +73,7 @@ CASES = {
     ),
     "indivisible minor dim": (
         lambda: ts.host_to_global_array({"x": np.zeros((8, 3))}, partition=ts.P(None, "model")),
-        ts.IndivisibleError,
+        ts.errors.IndivisibleError,
         (
             "host_arrays['x']: dim 1 has size 3, not divisible by 2 (axes ('model',) of "
             "P(None, 'model') on mesh {'data': 4, 'model': 2}); global shape (8, 3). Pad the "
@@ -121,7 +121,7 @@ CASES = {
             {"x": np.zeros(8), "y": [np.zeros(8), np.zeros(8)]},
             partition={"x": ts.P("data"), "y": [ts.P("data")]},
         ),
-        ts.TreeStructureError,
+        ts.errors.TreeStructureError,
         (
             "partition must be a tree prefix of host_arrays, but it is not.\n"
             "pytree structure error: different numbers of pytree children at key path\n"
@@ -136,7 +136,7 @@ CASES = {
     ),
     "unsupported partition": (
         lambda: ts.host_to_global_array({"x": np.zeros(8)}, partition="data"),
-        ts.UnsupportedPartitionError,
+        ts.errors.UnsupportedPartitionError,
         (
             "partition: Unsupported partition: data (of type str); expected a PartitionSpec "
             "(e.g. P('data')), a DataPartitionType, None (replicated), or a tree prefix of the "
@@ -150,10 +150,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input(mesh42, monkeypatch, case):
     call, error, message = CASES[case]
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
 
     transfers = []
-    monkeypatch.setattr(get_backend(mesh42), "make_global", lambda *a: transfers.append(a))
+    monkeypatch.setattr(lookup(mesh42).place, "make_global", lambda *a: transfers.append(a))
     with pytest.raises(error, match=_exactly(message)):
         call()
     assert transfers == []
@@ -208,7 +208,7 @@ PER_HOST = {
     ),
     "structures disagree": (
         [{"x": np.zeros(4)}, {"x": np.zeros(4), "y": np.zeros(4)}],
-        ts.TreeStructureError,
+        ts.errors.TreeStructureError,
         (
             "per_host_arrays[1] has a different structure from per_host_arrays[0]: expected "
             "PyTreeSpec({'x': *}), got PyTreeSpec({'x': *, 'y': *})."
@@ -229,10 +229,10 @@ PER_HOST = {
 @pytest.mark.parametrize("case", list(PER_HOST))
 def test_bad_per_host_input(mesh42, monkeypatch, case):
     per_host, error, message = PER_HOST[case]
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
 
     transfers = []
-    monkeypatch.setattr(get_backend(mesh42), "make_global", lambda *a: transfers.append(a))
+    monkeypatch.setattr(lookup(mesh42).place, "make_global", lambda *a: transfers.append(a))
     with virtual_hosts(2), pytest.raises(error, match=_exactly(message)):
         host_to_global_array_per_host(per_host)
     assert transfers == []
@@ -245,7 +245,7 @@ def test_non_uniform_layout():
         virtual_hosts(4),
         mesh,
         pytest.raises(
-            ts.NonUniformShardingError,
+            ts.errors.NonUniformShardingError,
             match=_exactly(
                 "per_host_arrays[0]['x']: dim 0 is not process-uniform under P('a',) on "
                 "Mesh({'a': 2, 'b': 4}, devices=[0, 1, 2, 4, 3, 5, 6, 7]): the hosts hold the "

@@ -33,10 +33,10 @@ def _exactly(message):
 
 
 def _no_transfers(monkeypatch, mesh):
-    from torchshard._backend import get_backend
+    from torchshard._backend.registry import lookup
 
     transfers = []
-    monkeypatch.setattr(get_backend(mesh), "make_global", lambda *a, **k: transfers.append(a))
+    monkeypatch.setattr(lookup(mesh).place, "make_global", lambda *a, **k: transfers.append(a))
     return transfers
 
 
@@ -121,7 +121,7 @@ def test_nan_equals_nan_in_shared_blocks(mesh8):
 
 def test_each_host_feeding_its_own_rows_is_not_compared(mesh8, monkeypatch):
     """Where no block has two owners there is nothing to compare (the plan says so once)."""
-    from torchshard import _engine
+    from torchshard._place import replicas as _engine
 
     calls = []
     monkeypatch.setattr(_engine, "_differ", lambda *a: calls.append(a))
@@ -162,7 +162,7 @@ def test_dispatchers_claiming_the_same_feed_fail_by_default(mesh8):
 
 
 def test_the_default_check_runs_once_per_dispatcher(mesh8, monkeypatch):
-    from torchshard import _input_dispatcher
+    from torchshard._step import input_dispatcher as _input_dispatcher
 
     seen = []
     real = _input_dispatcher.row_targets_to_indices
@@ -292,7 +292,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             (8, 2.5),
             TypeError,
             (
-                "TensorSpec: every size of shape must be an int, but dim 1 of (8, 2.5) is 2.5 of "
+                "TensorSpec: every size of a shape must be an int, but dim 1 of (8, 2.5) is 2.5 of "
                 "type float; sizes count elements (nothing is rounded)."
             ),
         ),
@@ -300,16 +300,20 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             (True,),
             TypeError,
             (
-                "TensorSpec: every size of shape must be an int, but dim 0 of (True,) is True of "
+                "TensorSpec: every size of a shape must be an int, but dim 0 of (True,) is True of "
                 "type bool; sizes count elements (nothing is rounded)."
             ),
         ),
         (
             (4, -1),
             ValueError,
-            "TensorSpec: every size of shape must be >= 0, but dim 1 of (4, -1) is -1.",
+            "TensorSpec: every size of a shape must be >= 0, but dim 1 of (4, -1) is -1.",
         ),
-        (8, TypeError, "TensorSpec: shape must be a sequence of ints, but got 8."),
+        (
+            8,
+            TypeError,
+            "TensorSpec: expected a shape (a sequence of ints >= 0), but got 8 of type int.",
+        ),
     ],
 )
 def test_tensor_spec_checks_its_shape(shape, error, message):
@@ -481,9 +485,9 @@ ACCEPTED = (
 )
 def test_unsupported_partition_lists_the_accepted_forms(mesh42, monkeypatch, partition, message):
     transfers = _no_transfers(monkeypatch, mesh42)
-    with pytest.raises(ts.UnsupportedPartitionError, match=_exactly(message)):
+    with pytest.raises(ts.errors.UnsupportedPartitionError, match=_exactly(message)):
         ts.host_to_global_array({"x": np.zeros(8)}, partition=partition)
-    with pytest.raises(ts.UnsupportedPartitionError, match=_exactly(message)):
+    with pytest.raises(ts.errors.UnsupportedPartitionError, match=_exactly(message)):
         iter(ts.GlobalBatchLoader([{"x": np.zeros(8)}], partition=partition))
     assert transfers == []
 

@@ -1,4 +1,4 @@
-"""Host leaf validation and zero-copy conversion (torchshard._host_data)."""
+"""Host leaf validation and zero-copy conversion (torchshard._place.host_data)."""
 
 import re
 
@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torch_xla
 
-from torchshard._host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype
+from torchshard._place.host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype
 
 NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
                 np.float32, np.float64, np.complex64, np.complex128]  # fmt: skip

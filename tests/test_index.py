@@ -102,7 +102,7 @@ def test_shard_counts_and_shape():
     assert s.shard_counts(3) == (2, 4, 1)
     assert s.shard_shape((4, 8, 3)) == (2, 2, 3)
     with pytest.raises(
-        ts.IndivisibleError,
+        ts.errors.IndivisibleError,
         match=re.escape(
             "dim 1 has size 6, not divisible by 4 (axes ('data',) of P('model', 'data') on mesh "
             "{'data': 4, 'model': 2}); global shape (4, 6). Pad the batch to a multiple, or use "
@@ -216,7 +216,7 @@ def test_global_shape_from_local_non_uniform_is_none():
     s = ts.NamedSharding(mesh, ts.P("a"))
     assert s.global_shape_from_local((4, 2), device_process=FOUR_HOSTS) == (None, 2)
     with pytest.raises(
-        ts.NonUniformShardingError,
+        ts.errors.NonUniformShardingError,
         match=re.escape(
             "NamedSharding(mesh=Mesh({'a': 2, 'b': 4}, devices=[0, 1, 2, 4, 3, 5, 6, 7]), "
             "spec=P('a',)) is not process-uniform along dim 0: the processes hold the shard sets "

@@ -182,7 +182,8 @@ def test_default_physical_batch_divides_the_devices(
     assert out["x"][:, 0].tolist() == expected.tolist()
     if axlearn_physical % 8:
         with pytest.raises(
-            ts.IndivisibleError, match=f"dim 0 has size {axlearn_physical}, not divisible by 8"
+            ts.errors.IndivisibleError,
+            match=f"dim 0 has size {axlearn_physical}, not divisible by 8",
         ):
             ts.host_to_global_array({"x": np.zeros(axlearn_physical)})
 
@@ -560,7 +561,7 @@ def test_spmd_validate():
             ts.SpmdInputDispatcher(4, partition_spec=P("x")).logical_to_physical_shapes(
                 {"a": TensorSpec((), torch.int32)}
             )
-    with pytest.raises(ts.NoMeshError, match="SpmdInputDispatcher must be called inside"):
+    with pytest.raises(ts.errors.NoMeshError, match="SpmdInputDispatcher must be called inside"):
         ts.SpmdInputDispatcher(4, partition_spec=P("x"))
 
 

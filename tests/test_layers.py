@@ -4,11 +4,15 @@ only the backends touch the runtimes.
 Layers, lowest first (``docs/design.md``, "Module map"):
 
 0. ``torchshard._core``: pure values and maths (standard library, numpy, optree).
-1. ``torchshard._backend``: the registry and the runtimes (torch_xla, torch.distributed).
-2. the operations: the top-level private modules (``torchshard._engine``, ``_host_to_global``,
-   ``_readback``, ``_constraint``, ...).
-3. ``torchshard.data``; 4. ``torchshard.testing``; 5. ``torchshard`` (the public re-exports);
-6. ``torchshard._tools`` (command line, demo, benchmarks); 7. ``torchshard.__main__``.
+1. ``torchshard._backend``: the protocols, the registry and the runtimes (torch_xla,
+   torch.distributed).
+2. ``torchshard._mesh``: the mesh bound to its backend, its context, building meshes.
+3. ``torchshard._place``: host -> global -> host (call, host data, validation, plan cache,
+   views, placement, replicas, read-back).
+4. ``torchshard._step`` (in-step constraints and dispatch) and ``torchshard._visualize``.
+5. ``torchshard.data``; 6. ``torchshard.testing``; 7. ``torchshard`` and ``torchshard.errors``
+(the public re-exports); 8. ``torchshard._tools`` (command line, demo, benchmarks);
+9. ``torchshard.__main__``.
 
 Every ``import`` statement counts, function-local ones included (they are how circles hid
 before). Imports under ``if TYPE_CHECKING:`` run no code: they may not run up a floor either,
@@ -30,13 +34,17 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "torchshard"
 LAYERS = {
     "_core": 0,
     "_backend": 1,
-    "data": 3,
-    "testing": 4,
-    "_tools": 6,
+    "_mesh": 2,
+    "_place": 3,
+    "_step": 4,
+    "_visualize": 4,
+    "data": 5,
+    "testing": 6,
+    "errors": 7,
+    "_tools": 8,
 }
-OPERATIONS = 2
-PUBLIC = 5
-MAIN = 7
+PUBLIC = 7
+MAIN = 9
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -55,9 +63,7 @@ def layer(module: str) -> int:
         return PUBLIC
     if module == "torchshard.__main__":
         return MAIN
-    if parts[1] in LAYERS:
-        return LAYERS[parts[1]]
-    return OPERATIONS  # a top-level private module
+    return LAYERS[parts[1]]  # a module outside every layer fails here
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
@@ -105,7 +111,7 @@ def internal_edges() -> list[tuple[str, str, int, bool]]:
 
 
 def test_every_module_has_a_layer():
-    assert {layer(m) for m in MODULES} == set(range(8))
+    assert {layer(m) for m in MODULES} == set(range(10))
 
 
 def test_no_import_runs_up_a_floor():
@@ -166,14 +172,16 @@ def test_the_core_imports_only_the_standard_library_numpy_and_optree():
 @pytest.mark.parametrize(
     ("runtime", "owners"),
     [
-        ("torch_xla", {"torchshard._backend.xla", "torchshard._backend.xla_env"}),
+        ("torch_xla", {"torchshard._backend.xla.runtime", "torchshard._backend.xla.env"}),
         (
             "torch.distributed",
             {
-                "torchshard._backend",
-                "torchshard._backend.dtensor",
-                "torchshard._backend.collective",
-                "torchshard._backend._torch_private",
+                "torchshard._backend.registry",
+                "torchshard._backend.dtensor.backend",
+                "torchshard._backend.dtensor.checks",
+                "torchshard._backend.dtensor.collective",
+                "torchshard._backend.dtensor.mesh",
+                "torchshard._backend.dtensor._torch_private",
             },
         ),
     ],
@@ -216,7 +224,7 @@ def test_private_torch_names_are_imported_in_one_module():
     """torch's private names change between releases: each is imported once, in
     ``_backend/_torch_private.py`` (with the versions it was checked on), and nowhere else."""
     users = {m: n for m, p in MODULES.items() if (n := _private_torch_names(p))}
-    assert set(users) == {"torchshard._backend._torch_private"}, users
+    assert set(users) == {"torchshard._backend.dtensor._torch_private"}, users
 
 
 def _reaches_xlac(path: pathlib.Path) -> bool:
@@ -228,7 +236,11 @@ def _reaches_xlac(path: pathlib.Path) -> bool:
 
 def test_torch_xla_private_api_is_reached_only_by_its_backend():
     users = sorted(m for m, p in MODULES.items() if _reaches_xlac(p))
-    assert users == ["torchshard._backend.xla", "torchshard._backend.xla_env"]
+    assert users == [
+        "torchshard._backend.xla.backend",
+        "torchshard._backend.xla.env",
+        "torchshard._backend.xla.runtime",
+    ]
 
 
 def test_the_core_works_without_torch_and_the_runtimes():
@@ -252,9 +264,10 @@ def test_the_core_works_without_torch_and_the_runtimes():
         import numpy as np
         from torchshard._core.errors import IndivisibleError
         from torchshard._core.layout import describe_layout
-        from torchshard._core.mesh import Mesh, current_mesh
+        from torchshard._core.context import current_mesh, thread_mesh
+        from torchshard._core.mesh import Mesh
         from torchshard._core.partition import complete_partition_spec_tree
-        from torchshard._core.plan import plan_from_local
+        from torchshard._core.blocks import plan_from_local
         from torchshard._core.sharding import NamedSharding
         from torchshard._core.spec import DataPartitionType, P
         from torchshard._core.topology import Topology
@@ -282,8 +295,10 @@ def test_the_core_works_without_torch_and_the_runtimes():
         assert complete_partition_spec_tree({"a": 1, "b": [2]}, {"a": None, "b": P("x")}) == {
             "a": None, "b": [P("x")]
         }
-        with mesh:  # no backend registry installed: the context alone
+        assert not hasattr(Mesh, "__enter__")  # the value has no context
+        with thread_mesh(mesh):  # the core's context alone: no backend is told
             assert current_mesh() is mesh
+        assert current_mesh() is None
         assert DataPartitionType.FULL.value == "full"
         for name in ("torch", "torch_xla", "torch.distributed"):
             assert sys.modules[name] is None, name

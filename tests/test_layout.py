@@ -1,4 +1,4 @@
-"""Host plans (torchshard._core.plan): global shape from a local block, per-device pieces."""
+"""Host plans (torchshard._core.blocks): global shape from a local block, per-device pieces."""
 
 import re
 
@@ -7,7 +7,7 @@ import pytest
 from helpers import host_segments, reference_ranges, take_segments, virtual_host_of
 
 import torchshard as ts
-from torchshard._core.plan import block_offsets, infer_global_shape, plan_from_local
+from torchshard._core.blocks import block_offsets, infer_global_shape, plan_from_local
 
 ONE_HOST = (0,) * 8
 TWO_HOSTS = (0,) * 4 + (1,) * 4
@@ -152,12 +152,12 @@ def test_plans_are_cached():
 def test_infer_global_shape_errors():
     axes = (("data",), ())
     with pytest.raises(
-        ts.IndivisibleError, match=re.escape("dim 0 has size 6, not divisible by 4")
+        ts.errors.IndivisibleError, match=re.escape("dim 0 has size 6, not divisible by 4")
     ):
         infer_global_shape(MESH42, ts.P("data"), axes, (3, 2), TWO_HOSTS)
     mesh = ts.Mesh(np.array([0, 1, 2, 4, 3, 5, 6, 7]).reshape(2, 4), ("a", "b"))
     with pytest.raises(
-        ts.NonUniformShardingError,
+        ts.errors.NonUniformShardingError,
         match=re.escape(
             "dim 0 is not process-uniform under P('a',) on Mesh({'a': 2, 'b': 4}, devices=[0, 1, "
             "2, 4, 3, 5, 6, 7]): the hosts hold the shard sets {0: (0,), 1: (0, 1), 2: (0, 1), "

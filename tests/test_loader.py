@@ -260,7 +260,7 @@ def test_inconsistent_structure_names_the_batch(mesh42):
         "(batch 0); expected PyTreeSpec({'x': *}), got PyTreeSpec({'x': *, 'y': *}). Every "
         "batch must have the same structure"
     )
-    with pytest.raises(ts.TreeStructureError) as info:
+    with pytest.raises(ts.errors.TreeStructureError) as info:
         next(it)
     assert str(info.value).startswith(msg)
 
@@ -278,7 +278,7 @@ def test_indivisible_batch_names_the_dispatcher_setting(mesh42):
         "step with dispatcher.physical_to_logical_batch(batch); or make the per-host batch size "
         "a multiple of 8."
     )
-    with pytest.raises(ts.IndivisibleError) as info:
+    with pytest.raises(ts.errors.IndivisibleError) as info:
         next(it)
     assert str(info.value) == msg
 
@@ -286,7 +286,7 @@ def test_indivisible_batch_names_the_dispatcher_setting(mesh42):
 def test_indivisible_feature_dim_keeps_the_original_message(mesh42):
     source = [{"x": np.ones((8, 3), np.float32)}]
     it = iter(ts.GlobalBatchLoader(source, partition=ts.P(None, "model")))
-    with pytest.raises(ts.IndivisibleError) as info:
+    with pytest.raises(ts.errors.IndivisibleError) as info:
         next(it)
     assert str(info.value) == (
         "GlobalBatchLoader: batch 0: host_arrays['x']: dim 1 has size 3, not divisible by 2 "
@@ -304,7 +304,7 @@ def test_indivisible_physical_batch_names_the_physical_size(mesh42):
         "do not split over the 4 shards of dim 0: set the dispatcher's "
         "global_physical_batch_size to a multiple of 4 (e.g. 8)."
     )
-    with pytest.raises(ts.IndivisibleError) as info:
+    with pytest.raises(ts.errors.IndivisibleError) as info:
         next(it)
     assert str(info.value).endswith("\n" + msg)
 
@@ -313,7 +313,7 @@ def test_indivisible_with_virtual_hosts_counts_every_host(mesh42):
     sources = [[{"x": np.ones((3, 2), np.float32)}]] * 2
     with virtual_hosts(2):
         it = iter(global_batch_loader_per_host(sources))
-        with pytest.raises(ts.IndivisibleError) as info:
+        with pytest.raises(ts.errors.IndivisibleError) as info:
             next(it)
     assert str(info.value).endswith(
         "The global batch has 6 rows (3 per host x 2 hosts) at batch['x'], which do not split "
@@ -332,7 +332,7 @@ def test_iter_needs_a_mesh():
         "GlobalBatchLoader: iter() needs a mesh: call it inside `with mesh:` or pass "
         "GlobalBatchLoader(..., mesh=mesh)."
     )
-    with pytest.raises(ts.NoMeshError, match=f"^{re.escape(msg)}$"):
+    with pytest.raises(ts.errors.NoMeshError, match=f"^{re.escape(msg)}$"):
         iter(ts.GlobalBatchLoader([]))
 
 
@@ -449,8 +449,8 @@ def test_len_and_stats(mesh42):
 @pytest.mark.parametrize(
     ("kwargs", "error", "msg"),
     [
-        ({"prefetch": -1}, ValueError, "prefetch: expected an int >= 0, but got -1."),
-        ({"prefetch": True}, ValueError, "prefetch: expected an int >= 0, but got True."),
+        ({"prefetch": -1}, ValueError, "prefetch must be an int >= 0, but got -1."),
+        ({"prefetch": True}, ValueError, "prefetch must be an int >= 0, but got True."),
         ({"mesh": "data"}, TypeError, "mesh: expected a torchshard.Mesh or None, but got 'data'."),
         (
             {"dispatcher": object()},

@@ -441,7 +441,7 @@ def test_an_spmd_dispatchers_feed_must_be_where_the_partition_puts_the_host(mesh
 def test_indivisible_physical_batch_advice_works(mesh8):
     source = [{"id": np.arange(4), "x": np.ones((4, 3), np.float32)}] * 2
     bad = ts.InputDispatcher(4, global_physical_batch_size=4)
-    with pytest.raises(ts.IndivisibleError) as info:
+    with pytest.raises(ts.errors.IndivisibleError) as info:
         next(iter(ts.GlobalBatchLoader(source, dispatcher=bad)))
     msg = str(info.value)
     assert msg.endswith(
@@ -462,7 +462,7 @@ def test_indivisible_batch_advice_works(mesh8, hosts):
     rows = 3
     sources = [[{"id": np.arange(rows) + 100 * s + 10 * h} for s in range(2)] for h in range(hosts)]
     with hosts_context(hosts):
-        with pytest.raises(ts.IndivisibleError) as info:
+        with pytest.raises(ts.errors.IndivisibleError) as info:
             next(iter(make_loader(sources, None, hosts)))
         fix = re.search(
             r"dispatcher=torchshard\.InputDispatcher\((\d+), global_physical_batch_size=(\d+)\)",

@@ -1,4 +1,4 @@
-"""create_device_mesh, infer_mesh_shape, HybridMeshShape (torchshard._mesh_build)."""
+"""create_device_mesh, infer_mesh_shape, HybridMeshShape (torchshard._mesh.build)."""
 
 import re
 

@@ -201,10 +201,11 @@ def test_complex_round_trip(mesh42, dtype, spec):
 
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
 def test_complex_per_host_and_background_route(dtype, monkeypatch):
-    from torchshard._backend import get_backend
-    from torchshard._backend import xla as backend_xla
-    from torchshard._core.topology import current_topology
-    from torchshard._engine import read, to_global
+    from torchshard._backend.registry import lookup
+    from torchshard._backend.xla import backend as backend_xla
+    from torchshard._mesh.context import current_topology
+    from torchshard._place.call import read
+    from torchshard._place.place import to_global
 
     x = _complex((8, 2), dtype)
     with virtual_hosts(2), ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model")) as mesh:
@@ -215,7 +216,7 @@ def test_complex_per_host_and_background_route(dtype, monkeypatch):
         # the loader thread's GIL-free transfer (dim 0 split over every device)
         monkeypatch.setattr(backend_xla, "GIL_FREE_MIN_BYTES", 0)
         call = read([x[:4], x[4:]], current_topology(mesh), P(("data", "model")), per_host=True)
-        g = to_global(mesh, get_backend(mesh), current_topology(mesh), call, background=True)
+        g = to_global(mesh, lookup(mesh), current_topology(mesh), call, background=True)
         _check_shards(g, x, mesh, P(("data", "model")))
 
 
@@ -294,7 +295,7 @@ def test_global_shape_a_host_slices_non_uniform_dims():
     spec = P("a", "b")  # along dim 1 the hosts hold the 'b' shards {0,1}, {2,3}, {0,2}, {1,3}
     blocks = [x[2 * (h // 2) : 2 * (h // 2) + 2] for h in range(4)]  # own rows, every column
     with virtual_hosts(4), mesh:
-        with pytest.raises(ts.NonUniformShardingError, match="dim 1 is not process-uniform"):
+        with pytest.raises(ts.errors.NonUniformShardingError, match="dim 1 is not process-uniform"):
             host_to_global_array_per_host([b[:, :4] for b in blocks], partition=spec)
         g = host_to_global_array_per_host(blocks, partition=spec, global_shape=(4, 8))
     placement = torch_xla_placement(x, mesh, spec)
@@ -331,7 +332,7 @@ def test_global_shape_a_host_slices_non_uniform_dims():
         (
             np.zeros((4, 6)),
             (8, 6),
-            ts.IndivisibleError,
+            ts.errors.IndivisibleError,
             "per_host_arrays[0]['x']: dim 1 has size 6, not divisible by 4",
         ),
         (
@@ -339,8 +340,8 @@ def test_global_shape_a_host_slices_non_uniform_dims():
             (8, -8),
             ValueError,
             (
-                "per_host_arrays[0]['x']: global_shape (8, -8) has a negative size; give the "
-                "global array's shape (sizes >= 0), or None to infer it."
+                "per_host_arrays[0]['x']: global_shape: every size of a shape must be >= 0, but "
+                "dim 1 of (8, -8) is -8."
             ),
         ),
         (
@@ -355,7 +356,7 @@ def test_global_shape_a_host_slices_non_uniform_dims():
         (
             np.zeros((4, 8)),
             {"y": (8, 8)},
-            ts.TreeStructureError,
+            ts.errors.TreeStructureError,
             "global_shape",
         ),
     ],

@@ -27,7 +27,7 @@ def test_input_partition_spec(mesh_shape, axis_names):
 
 def test_input_partition_spec_needs_a_mesh():
     with pytest.raises(
-        ts.NoMeshError,
+        ts.errors.NoMeshError,
         match=re.escape(
             "input_partition_spec() must be called inside `with mesh:`, but there is no current "
             "mesh in this thread. Create one with torchshard.create_device_mesh(...) and enter it."
@@ -94,8 +94,8 @@ def test_unsupported_partition_type(bad):
 
 
 def test_unsupported_is_both_type_and_not_implemented_error():
-    assert issubclass(ts.UnsupportedPartitionError, TypeError)
-    assert issubclass(ts.UnsupportedPartitionError, NotImplementedError)
+    assert issubclass(ts.errors.UnsupportedPartitionError, TypeError)
+    assert issubclass(ts.errors.UnsupportedPartitionError, NotImplementedError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +151,7 @@ def test_complete_partition_spec_tree_types_and_none():
 def test_complete_partition_spec_tree_not_a_prefix():
     with pytest.raises(ValueError) as info:
         ts.complete_partition_spec_tree({"a": 1, "b": [2, 3]}, {"a": None, "b": [ts.P("x")]})
-    assert isinstance(info.value, ts.TreeStructureError)
+    assert isinstance(info.value, ts.errors.TreeStructureError)
     text = str(info.value)
     assert text.startswith(
         "partition_spec_tree must be a tree prefix of treedef_or_tree, but it is not.\n"
@@ -166,5 +166,7 @@ def test_complete_partition_spec_tree_not_a_prefix():
 def test_dataclass_spec_trees(mesh42):
     tree = Pair(c=ts.DataPartitionType.REPLICATED, d=[ts.P("data"), None])
     assert ts.data_partition_type_to_spec(tree) == Pair(c=ts.P(None), d=[ts.P("data"), None])
-    with pytest.raises(ts.UnsupportedPartitionError, match=re.escape("Unsupported partition: 3")):
+    with pytest.raises(
+        ts.errors.UnsupportedPartitionError, match=re.escape("Unsupported partition: 3")
+    ):
         ts.data_partition_type_to_spec(Pair(c=3, d=None))

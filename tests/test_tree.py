@@ -111,7 +111,7 @@ def test_broadcast_prefix_spec_for_a_none_subtree_covers_nothing():
 
 
 def test_broadcast_prefix_error_names_both_trees():
-    with pytest.raises(ts.TreeStructureError) as info:
+    with pytest.raises(ts.errors.TreeStructureError) as info:
         broadcast_prefix(
             {"a": ts.P("x"), "z": None},
             {"a": 1, "b": 2},
@@ -130,7 +130,7 @@ def test_broadcast_prefix_error_names_both_trees():
 
 def test_broadcast_prefix_tuple_is_not_a_prefix_of_a_namedtuple():
     with pytest.raises(
-        ts.TreeStructureError,
+        ts.errors.TreeStructureError,
         match=re.escape("partition must be a tree prefix of host_arrays, but it is not."),
     ):
         broadcast_prefix(

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchshard as ts
-from torchshard._core.topology import Topology, current_topology, override_topology
+from torchshard._core.topology import Topology, override_topology
+from torchshard._mesh.context import current_topology
 from torchshard.testing import (
     global_to_host_array_per_host,
     host_to_global_array_per_host,
@@ -79,11 +80,19 @@ def test_the_emulation_is_process_wide():
     [
         (
             (8, 3),
-            "virtual_hosts: num_hosts must be a positive divisor of the device count 8, but got 3.",
+            (
+                "virtual_hosts: num_hosts must be a positive divisor of the 8 devices, but got "
+                "3; each "
+                "host owns an equal, contiguous group of device ids."
+            ),
         ),
         (
             (8, 0),
-            "virtual_hosts: num_hosts must be a positive divisor of the device count 8, but got 0.",
+            (
+                "virtual_hosts: num_hosts must be a positive divisor of the 8 devices, but got "
+                "0; each "
+                "host owns an equal, contiguous group of device ids."
+            ),
         ),
         ((8, 2, 2), "process_index must be in [0, 2), but got 2."),
     ],

@@ -13,9 +13,9 @@ import weakref
 import pytest
 from data_helpers import wait_until
 
-from torchshard.data import _worker
+from torchshard.data import _threads as _worker
 from torchshard.data._prefetch import Prefetcher
-from torchshard.data._worker import PARKED_NAME, parked_threads
+from torchshard.data._threads import PARKED_NAME, parked_threads
 
 
 def named(prefix):

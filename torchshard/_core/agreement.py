@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchshard._core.errors import ProcessDisagreementError
+from torchshard._core.errors import ProcessDisagreementError, at
 
 ENV_VAR = "TORCHSHARD_AGREEMENT_CHECK"
 VALUES_ENV_VAR = "TORCHSHARD_VALUE_CHECK"
@@ -157,18 +157,27 @@ def disagreement(
         got = "; ".join(f"{d} on process(es) {ps}" for d, ps in groups.items())
         if i == 0:
             return ProcessDisagreementError(
-                f"{argname}: every process must pass the same tree structure and partition; "
-                f"expected {seen[0]} (as on process 0), got {got}."
+                at(
+                    argname,
+                    f"every process must pass the same tree structure and partition; "
+                    f"expected {seen[0]} (as on process 0), got {got}.",
+                )
             )
         return ProcessDisagreementError(
-            f"{where(i - 1)}: every process must pass the same shape and dtype for a leaf (the "
-            f"global shape is inferred from them); expected {seen[0]} (as on process 0), got "
-            f"{got}. Make every process's input yield the same shapes and dtypes (pad or drop "
-            "a short last batch, or use torchshard.InputDispatcher)."
+            at(
+                where(i - 1),
+                f"every process must pass the same shape and dtype for a leaf (the "
+                f"global shape is inferred from them); expected {seen[0]} (as on process 0), got "
+                f"{got}. Make every process's input yield the same shapes and dtypes (pad or drop "
+                "a short last batch, or use torchshard.InputDispatcher).",
+            )
         )
     return ProcessDisagreementError(
-        f"{argname}: the processes' call descriptions hash differently but read alike "
-        f"({ref!r}); this is a torchshard bug."
+        at(
+            argname,
+            f"the processes' call descriptions hash differently but read alike "
+            f"({ref!r}); this is a torchshard bug.",
+        )
     )
 
 
@@ -196,7 +205,10 @@ def outcome_disagreement(
         for p, items in enumerate(per_process)
     )
     return ProcessDisagreementError(
-        f"{what}: every process must make the batch or end its source at the same batch, but "
-        f"{seen}. Give every process a source that yields the same number of batches (e.g. "
-        "torchshard.host_sampler with drop_last=True)."
+        at(
+            what,
+            f"every process must make the batch or end its source at the same batch, but "
+            f"{seen}. Give every process a source that yields the same number of batches (e.g. "
+            "torchshard.host_sampler with drop_last=True).",
+        )
     )

@@ -74,3 +74,24 @@ class ChildFailedError(Exception):
 def at(where: str, message: str) -> str:
     """Prefixes ``message`` with the tree path ``where`` (``"host_arrays['x']: ..."``)."""
     return f"{where}: {message}" if where else message
+
+
+# Users meet these types as ``torchshard.errors.X`` (the public module that re-exports them), so
+# tracebacks and reprs name them so (pickling finds them there too).
+for _cls in (
+    ShardingError,
+    IndivisibleError,
+    NonUniformShardingError,
+    NoMeshError,
+    TreeStructureError,
+    NoProcessGroupError,
+    ProcessDisagreementError,
+    CollectiveError,
+    UnsupportedPartitionError,
+    EmulationError,
+    WorkerProcessError,
+    MissingDependencyError,
+    ChildFailedError,
+):
+    _cls.__module__ = "torchshard.errors"
+del _cls

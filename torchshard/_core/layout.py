@@ -17,11 +17,11 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchshard._core.mesh import Mesh
-from torchshard._core.plan import block_offsets
+from torchshard._core import checks
+from torchshard._core.blocks import block_offsets
+from torchshard._core.mesh import Mesh, topology_of
 from torchshard._core.sharding import NamedSharding, check_device_process
 from torchshard._core.spec import PartitionSpec, as_partition_spec
-from torchshard._core.topology import current_topology
 
 Ranges = tuple[tuple[int, int], ...]
 Span = tuple[int, int]
@@ -150,35 +150,6 @@ def install_png_drawer(draw: Callable[[ShardingLayout, str, int], None]) -> None
     _DRAWERS.png = draw
 
 
-def contiguous_hosts(num_devices: int, num_hosts: int) -> tuple[int, ...]:
-    """The device -> host map of ``num_hosts`` equal, contiguous groups of device ids (device
-    ``d`` on host ``d // (num_devices // num_hosts)``, as ``torchshard.testing.virtual_hosts``)."""
-    if isinstance(num_hosts, bool) or not isinstance(num_hosts, int):
-        raise TypeError(f"num_hosts must be an int or None, but got {num_hosts!r}.")
-    if num_hosts < 1 or num_devices % num_hosts:
-        raise ValueError(
-            f"num_hosts must be a positive divisor of the mesh's {num_devices} devices, but got "
-            f"{num_hosts}; each host owns an equal, contiguous group of device ids."
-        )
-    per = num_devices // num_hosts
-    return tuple(d // per for d in range(num_devices))
-
-
-def _shape_arg(global_shape: Any) -> tuple[int, ...]:
-    try:
-        shape = tuple(global_shape)
-    except TypeError:
-        shape = None
-    if shape is None or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
-    ):
-        raise TypeError(
-            f"describe_layout: global_shape must be a sequence of non-negative ints, but got "
-            f"{global_shape!r}."
-        )
-    return tuple(int(n) for n in shape)
-
-
 def describe_layout(
     mesh: Mesh,
     spec: PartitionSpec | Sequence[Any] | str | None,
@@ -232,19 +203,19 @@ def describe_layout(
     if not isinstance(mesh, Mesh):
         raise TypeError(f"describe_layout: mesh must be a torchshard.Mesh, but got {mesh!r}.")
     spec = as_partition_spec(() if spec is None else spec)
-    shape = _shape_arg(global_shape)
+    shape = checks.shape(global_shape, "describe_layout: global_shape")
     if num_hosts is None:
-        topo = current_topology(mesh)
+        topo = topology_of(mesh)
         owners, count = topo.device_process, topo.process_count
     else:
-        owners, count = contiguous_hosts(mesh.size, num_hosts), num_hosts
+        owners = checks.contiguous_hosts(mesh.size, num_hosts)
+        count = len(set(owners))
     check_device_process(mesh, owners)
     index = NamedSharding(mesh, spec).devices_indices_map(shape)
     blocks = tuple(
         LayoutBlock(d, owners[d], tuple((s.start, s.stop) for s in index[d])) for d in sorted(index)
     )
     return ShardingLayout(shape, blocks, count, mesh, spec)
-
 
 
 # -- the plain-text picture ------------------------------------------------------------

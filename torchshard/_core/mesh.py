@@ -1,63 +1,27 @@
-"""``Mesh``: an immutable, named grid of device ids, and the thread-local mesh context.
+"""``Mesh``: the value of a named grid of device ids (immutable, validated when built).
 
-``with mesh:`` makes a mesh the current mesh of the calling thread (nested contexts restore the
-outer one) and tells the mesh's backend (torch_xla: its global mesh) through the runtime slot
-(``torchshard._core.runtime``), which the backend registry fills. Pure numpy: no backend is
-imported here.
+This is the value only: no context and no runtime. The mesh users hold, ``torchshard.Mesh``
+(``torchshard._mesh.mesh``), is this value bound to its backend: it enters as a context
+(``with mesh:``) and converts to and from the runtimes' own meshes. Pure numpy.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from torchshard._core import runtime
-from torchshard._core.errors import NoMeshError
-
-
-class _MeshStack(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[Mesh] = []
-
-
-_STATE = _MeshStack()
+from torchshard._core.topology import Topology, emulated
 
 
 class Mesh:
-    """A named N-D grid of device ids; the shape of the grid is the mesh shape.
+    """The value of a named N-D grid of device ids; the shape of the grid is the mesh shape.
 
-    Args:
-        devices: integer array-like of device ids; its shape is the mesh shape. Every id
-            appears once. The mesh must cover every device of the runtime (checked when the
-            mesh is entered or used).
-        axis_names: one distinct name per dimension of ``devices``.
-        backend: ``"xla"`` (torch_xla SPMD, the default) or ``"dtensor"``.
-
-    On the ``"dtensor"`` backend, entering a mesh built by hand (``with mesh:``) builds its
-    ``DeviceMesh`` the first time, which is collective: every process must enter it. A process
-    that enters it alone fails with ``CollectiveError`` after the default process group's
-    timeout (``init_process_group(timeout=...)``), naming the ranks that did not come.
-
-    Example:
-        >>> mesh = torchshard.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
-        >>> dict(mesh.shape), mesh.size
-        ({'data': 4, 'model': 2}, 8)
-        >>> with mesh:
-        ...     assert torchshard.current_mesh() is mesh
-        >>> torchshard.current_mesh() is None
-        True
-
-    The device grid of that mesh (rows: ``data``, columns: ``model``)::
-
-        0 1
-        2 3
-        4 5
-        6 7
+    Validated when built, immutable, equal by value (axis names, device grid, backend name).
+    The public ``torchshard.Mesh`` is this value bound to its backend (see its docstring for
+    the arguments); the core computes with either.
     """
 
     __slots__ = ("__weakref__", "_axis_names", "_backend", "_devices", "_hash", "_native", "_shape")
@@ -169,112 +133,32 @@ class Mesh:
         return f"Mesh({{{shape}}}{ordered})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._devices.tolist(), self._axis_names, self._backend))
+        return (_rebuild, (type(self), self._devices.tolist(), self._axis_names, self._backend))
 
-    # -- context -----------------------------------------------------------------------
-    def __enter__(self) -> Mesh:
-        if runtime.installed():
-            runtime.runtime(self._backend).activate(self)
-        _STATE.stack.append(self)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        stack = _STATE.stack
-        if not stack or stack[-1] is not self:
-            raise RuntimeError(
-                f"Mesh contexts exited out of order: leaving {self!r}, but the current mesh is "
-                f"{stack[-1] if stack else None!r}."
-            )
-        stack.pop()
-        outer = stack[-1] if stack else None
-        if runtime.installed():
-            runtime.runtime(self._backend).deactivate(self, outer)
-
-    # -- the runtimes' own meshes (through the runtime slot) -------------------------------
-    @classmethod
-    def from_xla(cls, xla_mesh: Any) -> Mesh:
-        """The ``Mesh`` of a ``torch_xla.distributed.spmd.Mesh`` (which must have axis names)."""
-        return runtime.runtime("xla").mesh_from_native(xla_mesh)
-
-    @property
-    def xla_mesh(self) -> Any:
-        """This mesh as a ``torch_xla.distributed.spmd.Mesh`` (cached)."""
-        return runtime.runtime("xla").native_mesh(self)
-
-    @classmethod
-    def from_device_mesh(cls, device_mesh: Any) -> Mesh:
-        """The ``Mesh`` of a ``torch.distributed.DeviceMesh``: arrays placed on it are DTensors.
-
-        Device ids are the DeviceMesh's ranks (one device per process), axis names its
-        ``mesh_dim_names`` (required), and ``mesh.native`` is the DeviceMesh itself. Along every
-        axis the ranks must ascend (torch 2.9's DeviceMesh collectives assume it).
-
-        Example (on each of 4 processes, after ``init_process_group("gloo")``; ``dist`` is
-        ``torch.distributed``)::
-
-            dm = dist.init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "model"))
-            mesh = torchshard.Mesh.from_device_mesh(dm)
-            assert mesh.backend == "dtensor" and mesh.native is dm
-            assert dict(mesh.shape) == {"data": 2, "model": 2}
-        """
-        return runtime.runtime("dtensor").mesh_from_native(device_mesh)
+    # -- the runtime (a bound mesh, ``torchshard.Mesh``, answers) --------------------------
+    def _runtime_topology(self) -> Topology:
+        """The topology of this mesh's runtime: which process owns which device."""
+        raise RuntimeError(
+            f"{self!r} is a bare mesh value (torchshard._core.mesh.Mesh), bound to no runtime, "
+            "so it cannot say which process owns which device. Use torchshard.Mesh, or pass "
+            "device_process= (and process_index=) explicitly."
+        )
 
 
 def _check_backend_name(backend: Any) -> None:
-    names = runtime.backend_names()
-    if names is None:  # no registry installed (the core alone): any name, checked on use
-        if not isinstance(backend, str) or not backend:
-            raise ValueError(f"Mesh backend must be a backend name, but got {backend!r}.")
-        return
-    if backend not in names:
-        quoted = [repr(n) for n in names]
-        listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-        raise ValueError(f"Mesh backend must be {listed}, but got {backend!r}.")
+    # Which names a runtime serves is the registry's to say (torchshard.Mesh checks them).
+    if not isinstance(backend, str) or not backend:
+        raise ValueError(f"Mesh backend must be a backend name, but got {backend!r}.")
 
 
-def _rebuild(devices: list[Any], axis_names: tuple[str, ...], backend: str) -> Mesh:
-    return Mesh(np.asarray(devices, dtype=np.int64), axis_names, backend=backend)
+def _rebuild(
+    cls: type[Mesh], devices: list[Any], axis_names: tuple[str, ...], backend: str
+) -> Mesh:
+    return cls(np.asarray(devices, dtype=np.int64), axis_names, backend=backend)
 
 
-def current_mesh() -> Mesh | None:
-    """The innermost mesh entered with ``with mesh:`` in this thread, or ``None``."""
-    stack = _STATE.stack
-    return stack[-1] if stack else None
-
-
-def require_mesh(caller: str) -> Mesh:
-    """The current mesh; raises ``NoMeshError`` naming ``caller`` when there is none."""
-    mesh = current_mesh()
-    if mesh is None:
-        raise NoMeshError(
-            f"{caller} must be called inside `with mesh:`, but there is no current mesh in this "
-            "thread. Create one with torchshard.create_device_mesh(...) and enter it."
-        )
-    return mesh
-
-
-@contextlib.contextmanager
-def thread_mesh(mesh: Mesh) -> Iterator[Mesh]:
-    """Makes ``mesh`` current in this thread without activating it in its backend.
-
-    For helper threads (a loader's prefetch thread) working for a thread that owns the mesh
-    context. The backend's state is process-wide (torch_xla has one global mesh), so
-    ``with mesh:`` in a helper thread would reset it to ``None`` when the helper exits, under
-    the feet of the thread that entered the mesh.
-    """
-    stack = _STATE.stack
-    stack.append(mesh)
-    try:
-        yield mesh
-    finally:
-        if not stack or stack[-1] is not mesh:
-            raise RuntimeError(
-                f"Mesh contexts exited out of order: leaving {mesh!r}, but the current mesh is "
-                f"{stack[-1] if stack else None!r}."
-            )
-        stack.pop()
+def topology_of(mesh: Mesh) -> Topology:
+    """The topology of ``mesh``: an installed emulation's for its backend (``virtual_hosts``),
+    else its runtime's (``Mesh._runtime_topology``, which a bound mesh answers)."""
+    found = emulated(mesh.backend)
+    return found if found is not None else mesh._runtime_topology()

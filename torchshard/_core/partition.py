@@ -8,8 +8,9 @@ from typing import Any
 
 import optree
 
-from torchshard._core.errors import ShardingError, UnsupportedPartitionError
-from torchshard._core.mesh import Mesh, require_mesh
+from torchshard._core.context import require_mesh
+from torchshard._core.errors import ShardingError, UnsupportedPartitionError, at
+from torchshard._core.mesh import Mesh
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
 
@@ -70,8 +71,11 @@ def unsupported_partition(value: Any, where: str = "partition") -> UnsupportedPa
         if value.lower() in kinds:
             fix += f" For the partition type, write DataPartitionType.{kinds[value.lower()].name}."
     return UnsupportedPartitionError(
-        f"{where}: Unsupported partition: {value} (of type {type(value).__name__}); expected "
-        f"{_ACCEPTED}.{fix}"
+        at(
+            where,
+            f"Unsupported partition: {value} (of type {type(value).__name__}); expected "
+            f"{_ACCEPTED}.{fix}",
+        )
     )
 
 

@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._core.errors import IndivisibleError, NonUniformShardingError, ShardingError
-from torchshard._core.mesh import Mesh
+from torchshard._core.errors import IndivisibleError, NonUniformShardingError, ShardingError, at
+from torchshard._core.mesh import Mesh, topology_of
 from torchshard._core.spec import UNCONSTRAINED, PartitionSpec, as_partition_spec, spec_entry_axes
-from torchshard._core.topology import current_topology
 
 DimAxes = tuple[tuple[str, ...], ...]
 
@@ -38,25 +37,33 @@ def dim_axes(
     Checks that every axis is in ``mesh`` and that ``spec`` is not longer than ``ndim``; the
     result is padded with ``()`` to ``ndim`` entries (to ``len(spec)`` when ``ndim`` is None).
     """
-    prefix = f"{where}: " if where else ""
     if ndim is not None and len(spec) > ndim:
         raise ShardingError(
-            f"{prefix}partition spec {spec!r} has {len(spec)} entries but the array has rank "
-            f"{ndim}; a spec may not be longer than the rank of the array it shards."
+            at(
+                where,
+                f"partition spec {spec!r} has {len(spec)} entries but the array has rank "
+                f"{ndim}; a spec may not be longer than the rank of the array it shards.",
+            )
         )
     out: list[tuple[str, ...]] = []
     for i, entry in enumerate(spec):
         if entry is UNCONSTRAINED:
             raise ShardingError(
-                f"{prefix}partition spec {spec!r}: entry {i} is UNCONSTRAINED, which only "
-                "maybe_shard accepts; placing data needs a concrete spec."
+                at(
+                    where,
+                    f"partition spec {spec!r}: entry {i} is UNCONSTRAINED, which only "
+                    "maybe_shard accepts; placing data needs a concrete spec.",
+                )
             )
         axes = spec_entry_axes(entry)
         for axis in axes:
             if axis not in mesh.shape:
                 raise ShardingError(
-                    f"{prefix}partition spec {spec!r} names mesh axis {axis!r}, which is not "
-                    f"an axis of the mesh; expected one of {mesh.axis_names!r}."
+                    at(
+                        where,
+                        f"partition spec {spec!r} names mesh axis {axis!r}, which is not an "
+                        f"axis of the mesh; expected one of {mesh.axis_names!r}.",
+                    )
                 )
         out.append(axes)
     if ndim is not None:
@@ -101,12 +108,14 @@ def check_divisible(
     """Raises ``IndivisibleError`` when a split dimension does not divide by its shard count."""
     for i, (n, k) in enumerate(zip(shape, shard_counts(mesh, axes), strict=True)):
         if k > 1 and n % k:
-            prefix = f"{where}: " if where else ""
             raise IndivisibleError(
-                f"{prefix}dim {i} has size {n}, not divisible by {k} (axes {axes[i]!r} of "
-                f"{spec!r} on mesh {dict(mesh.shape)}); global shape {tuple(shape)}. Pad the "
-                "batch to a multiple, or use torchshard.InputDispatcher to pad and drop the "
-                "padding in the step."
+                at(
+                    where,
+                    f"dim {i} has size {n}, not divisible by {k} (axes {axes[i]!r} of "
+                    f"{spec!r} on mesh {dict(mesh.shape)}); global shape {tuple(shape)}. Pad the "
+                    "batch to a multiple, or use torchshard.InputDispatcher to pad and drop the "
+                    "padding in the step.",
+                )
             )
 
 
@@ -239,7 +248,7 @@ class NamedSharding:
         """``(process_index, device_process)``, defaulting to the runtime (or emulated) topology,
         checked: the mesh covers every device, and the process owns at least one of them."""
         if process_index is None or device_process is None:
-            topology = current_topology(self._mesh)
+            topology = topology_of(self._mesh)
             process_index = topology.process_index if process_index is None else process_index
             device_process = topology.device_process if device_process is None else device_process
         device_process = tuple(device_process)
@@ -253,7 +262,7 @@ class NamedSharding:
 
     def _feeds(self, ndim: int, device_process: Sequence[int] | None) -> tuple[_DimFeeds, ...]:
         if device_process is None:
-            device_process = current_topology(self._mesh).device_process
+            device_process = topology_of(self._mesh).device_process
         device_process = tuple(device_process)
         check_device_process(self._mesh, device_process)
         return dim_feeds(self._mesh, self._dims(ndim), device_process)

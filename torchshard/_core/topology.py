@@ -1,8 +1,9 @@
-"""The runtime topology: which process owns which device, which process this is, and whose data
-this process supplies.
+"""The topology of a run: which process owns which device, which process this is, and whose data
+this process supplies (the value, ``Topology``), and the emulations that stand in for a runtime.
 
-The mesh's backend reports it (torch_xla: ``xr.process_index()`` and friends), through the
-runtime slot. A *topology provider* may stand in for a backend, process-wide:
+A mesh's backend reports its topology (torch_xla: ``xr.process_index()`` and friends; a bound
+mesh, ``torchshard.Mesh``, asks it). A *topology provider* may stand in for a backend,
+process-wide:
 ``override_topology(topology, backend=...)`` installs one for the duration of a block (nests).
 ``torchshard.testing.virtual_hosts`` is such a provider: one real process then plays every
 host, and its topology says so (``data_hosts`` lists every host), so the production code reads
@@ -17,9 +18,6 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
-
-from torchshard._core import runtime
-from torchshard._core.mesh import Mesh, current_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,27 +100,18 @@ class _Overrides:
 _OVERRIDES = _Overrides()
 
 
-def current_topology(
-    mesh: Mesh | None = None, *, backend: str | None = None, of: runtime.Runtime | None = None
-) -> Topology:
-    """The topology of ``mesh``'s backend (or of the backend called ``backend``; neither: the
-    process's default backend): an installed provider's for that backend, else the backend's.
-
-    ``of``: that backend itself, when the caller has it (saves looking it up again).
-    """
-    name = mesh.backend if mesh is not None else backend
+def emulated(backend: str) -> Topology | None:
+    """The innermost installed provider's topology when it stands in for ``backend``, else
+    ``None`` (the backend's own topology applies)."""
     stack = _OVERRIDES.stack  # read without the lock (hot path): one list read, atomic
     if stack:
         try:
-            emulated, topology = stack[-1]
+            name, topology = stack[-1]
         except IndexError:  # emptied by another thread between the two reads
-            pass
-        else:
-            if name is None:
-                name = runtime.runtime(None).name
-            if emulated == name:
-                return topology
-    return (runtime.runtime(name) if of is None else of).topology()
+            return None
+        if name == backend:
+            return topology
+    return None
 
 
 def override() -> tuple[str, Topology] | None:
@@ -153,29 +142,3 @@ def override_topology(topology: Topology, *, backend: str = "xla") -> Iterator[T
                 if stack[i] is entry:
                     del stack[i]
                     break
-
-
-def process_index() -> int:
-    """This process's index (the emulated one inside ``virtual_hosts``).
-
-    Asked of the current mesh's backend; outside any mesh, of the process's default backend:
-    torch_xla when it is imported, else DTensor once torch.distributed's default process group
-    is initialised (the rank), else torch_xla.
-
-    Example:
-        >>> torchshard.process_index()   # one host
-        0
-    """
-    return current_topology(current_mesh()).process_index
-
-
-def process_count() -> int:
-    """The number of processes (hosts) of the run (emulated inside ``virtual_hosts``); asked
-    of the same backend as ``process_index()``.
-
-    Example:
-        >>> torchshard.process_count()   # one host
-        1
-    """
-    return current_topology(current_mesh()).process_count
-

@@ -90,7 +90,8 @@ _ARRAY_TYPES: set[type] = {np.ndarray}
 
 def register_array_type(cls: type) -> None:
     """Lets flat dicts of ``cls`` values (exact type) flatten from their keys; ``cls`` must be
-    an array type, never a tree node (``torchshard._host_data`` registers ``torch.Tensor``)."""
+    an array type, never a tree node (``torchshard._place.host_data`` registers
+    ``torch.Tensor``)."""
     _ARRAY_TYPES.add(cls)
 
 

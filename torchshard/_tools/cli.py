@@ -287,7 +287,7 @@ def _layout(args: argparse.Namespace) -> int:
             f"{MAX_LAYOUT_DEVICES:,} (about 10 s), so describe a smaller mesh with the same axes"
         )
     if args.png:
-        from torchshard._optional import require_matplotlib
+        from torchshard._visualize.optional import require_matplotlib
 
         require_matplotlib("layout --png")
         check_output_path(args.png, overwrite=args.overwrite)
@@ -449,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             args.needs_runtime = (args.name or DEFAULT_BENCH) not in NEEDS_NO_XLA
         if getattr(args, "needs_runtime", True):
-            from torchshard._backend.xla_env import setup_cpu_emulation
+            from torchshard._backend.xla.env import setup_cpu_emulation
 
             setup_cpu_emulation(args.devices)
         return int(args.func(args))

@@ -149,7 +149,7 @@ def resolve_backend(name: str) -> str:
     """``--backend``: ``auto`` is ``xla`` when torch_xla is installed, else ``dtensor``."""
     if name != "auto":
         return name
-    from torchshard._backend.xla_env import xla_installed
+    from torchshard._backend.xla.env import xla_installed
 
     return "xla" if xla_installed() else "dtensor"
 

@@ -1,7 +1,9 @@
 """Feeding steps from ``torch.utils.data``: ``GlobalBatchLoader``, ``sharded_collate``,
 ``host_sampler``."""
 
-from torchshard._core.errors import WorkerProcessError as WorkerProcessError
+import warnings as _warnings
+from typing import Any as _Any
+
 from torchshard.data._collate import sharded_collate as sharded_collate
 from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._loader import LoaderStats as LoaderStats
@@ -10,8 +12,21 @@ from torchshard.data._sampler import host_sampler as host_sampler
 __all__ = [
     "GlobalBatchLoader",
     "LoaderStats",
-    "WorkerProcessError",
     "host_sampler",
     "sharded_collate",
 ]
 assert sorted(__all__) == __all__
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "WorkerProcessError":  # moved to torchshard.errors (0.2)
+        _warnings.warn(
+            "torchshard.data.WorkerProcessError is deprecated; use "
+            "torchshard.errors.WorkerProcessError.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from torchshard._core.errors import WorkerProcessError
+
+        return WorkerProcessError
+    raise AttributeError(f"module 'torchshard.data' has no attribute {name!r}")

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchshard._core.errors import IndivisibleError, ShardingError, TreeStructureError
-from torchshard._core.mesh import Mesh
 from torchshard._core.partition import complete_partition_spec_tree, input_partition_spec
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths
-from torchshard._dispatch import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
+from torchshard._mesh.mesh import Mesh
+from torchshard._step.dispatch import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
 _FIX_SHAPES = (
     "Every batch must have the same structure, shapes and dtypes (each new shape compiles a new "
@@ -44,7 +44,7 @@ class BatchChecker:
         >>> check({"x": np.zeros((6, 2))}, batch=1)
         Traceback (most recent call last):
         ...
-        torchshard._core.errors.ShardingError: GlobalBatchLoader: batch 1: batch['x'] has shape ...
+        torchshard.errors.ShardingError: GlobalBatchLoader: batch 1: batch['x'] has shape ...
     """
 
     def __init__(self) -> None:

@@ -7,20 +7,22 @@ from typing import Any
 
 from torch.utils.data import default_collate, get_worker_info
 
+from torchshard._core.context import require_mesh, thread_mesh
 from torchshard._core.errors import WorkerProcessError
-from torchshard._core.mesh import Mesh, require_mesh, thread_mesh
 from torchshard._core.partition import (
     DEFAULT_PARTITION,
     feed_partition,
 )
-from torchshard._host_to_global import host_to_global_array
+from torchshard._mesh.mesh import Mesh
+from torchshard._place.host_to_global import host_to_global_array
+from torchshard._step.protocol import Dispatcher
 
 
 def sharded_collate(
     collate_fn: Callable[[list[Any]], Any] = default_collate,
     *,
     partition: Any = DEFAULT_PARTITION,
-    dispatcher: Any = None,
+    dispatcher: Dispatcher | None = None,
     mesh: Mesh | None = None,
 ) -> Callable[[list[Any]], Any]:
     """A ``collate_fn`` for ``DataLoader(..., num_workers=0)`` that returns global batches.

@@ -15,18 +15,22 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchshard._backend.protocols import Backend
 from torchshard._core.agreement import outcome_disagreement, value_check_enabled
-from torchshard._core.mesh import thread_mesh
+from torchshard._core.context import thread_mesh
+from torchshard._core.mesh import Mesh
+from torchshard.data._position import Cursor
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import OUTCOME, Ended, Made, Producer
-from torchshard.data._stats import Counters, Cursor
+from torchshard.data._stats import Counters
 
 
 @contextlib.contextmanager
-def _loader_thread(mesh: Any, backend: Any) -> Iterator[None]:
+def _loader_thread(mesh: Mesh, backend: Backend) -> Iterator[None]:
     """The loader thread's set-up, before any copy: this process's device of the mesh made
-    current (``Backend.bind_thread``; the current device is per thread), and the mesh."""
-    backend.bind_thread(mesh)
+    current (``DeviceThreads.bind_thread``; the current device is per thread), and the mesh."""
+    if backend.threads is not None:
+        backend.threads.bind_thread(mesh)
     with thread_mesh(mesh):
         yield
 
@@ -104,7 +108,9 @@ class Epoch(Iterator[Any]):
             self._agree(made.outcome, made.where, None)
             if made.outcome is not None and value_check_enabled():
                 what = f"GlobalBatchLoader: batch {self._next}"
-                self._backend.check_values(self._mesh, made.batch, argname="batch", what=what)
+                checks = self._backend.processes
+                if checks is not None:
+                    checks.check_values(self._mesh, made.batch, argname="batch", what=what)
         except BaseException:
             self.close()
             raise
@@ -128,7 +134,8 @@ class Epoch(Iterator[Any]):
         if outcome is None:
             return
         what = f"GlobalBatchLoader: batch {self._next}"
-        every = self._backend.exchange(self._mesh, outcome, what=what)
+        checks = self._backend.processes
+        every = None if checks is None else checks.exchange(self._mesh, outcome, what=what)
         if every is None:
             return
         problem = outcome_disagreement(

@@ -3,7 +3,7 @@
 Data flow of one epoch (``iter(loader)``), see ``docs/design.md``:
 
 1. In the caller's thread: capture the mesh (``mesh=`` or the current one), resolve the
-   partition to a spec once, run the backend's set-up collectives (``Backend.prepare``), open
+   partition to a spec once, run the backend's set-up collectives (``ProcessChecks.prepare``), open
    the source iterator(s) (DataLoader workers start here, in the caller's thread), and give the
    epoch a new ``Cursor`` at the sources' current state.
 2. On the background thread (``_prefetch.Prefetcher``, mesh made current there with
@@ -21,14 +21,19 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from torchshard._backend import get_backend
-from torchshard._core.errors import NoMeshError, ShardingError
-from torchshard._core.mesh import Mesh, current_mesh, thread_mesh
+from torchshard._backend.registry import lookup
+from torchshard._core.checks import nonnegative_int
+from torchshard._core.context import current_mesh, thread_mesh
+from torchshard._core.errors import NoMeshError, ShardingError, at
 from torchshard._core.partition import DEFAULT_PARTITION, feed_partition
-from torchshard._core.topology import Topology, current_topology
+from torchshard._core.topology import Topology
+from torchshard._mesh.context import current_topology
+from torchshard._mesh.mesh import Mesh
+from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._epoch import Epoch
+from torchshard.data._position import Cursor
 from torchshard.data._producer import Producer, stateful
-from torchshard.data._stats import Counters, Cursor, LoaderStats
+from torchshard.data._stats import Counters, LoaderStats
 
 
 class GlobalBatchLoader(Iterable[Any]):
@@ -81,7 +86,7 @@ class GlobalBatchLoader(Iterable[Any]):
         *,
         partition: Any = DEFAULT_PARTITION,
         mesh: Mesh | None = None,
-        dispatcher: Any = None,
+        dispatcher: Dispatcher | None = None,
         prefetch: int = 2,
     ) -> None:
         self._setup(
@@ -96,7 +101,7 @@ class GlobalBatchLoader(Iterable[Any]):
     def _setup(
         self,
         sources: list[Any],
-        dispatchers: list[Any] | None,
+        dispatchers: list[Dispatcher] | None,
         *,
         partition: Any,
         mesh: Mesh | None,
@@ -107,24 +112,29 @@ class GlobalBatchLoader(Iterable[Any]):
             if not isinstance(s, Iterable):
                 where = "loader" if len(sources) == 1 else f"loaders[{h}]"
                 raise TypeError(
-                    f"{where}: expected an iterable of host batches (a DataLoader, a list, a "
-                    f"generator), but got {type(s).__name__}."
+                    at(
+                        where,
+                        f"expected an iterable of host batches (a DataLoader, a list, a "
+                        f"generator), but got {type(s).__name__}.",
+                    )
                 )
         for h, d in enumerate(dispatchers or ()):
-            if not callable(getattr(d, "logical_to_physical_batch", None)):
+            if not is_dispatcher(d):
                 where = "dispatcher" if len(sources) == 1 else f"dispatchers[{h}]"
                 raise TypeError(
-                    f"{where}: expected an input dispatcher (e.g. torchshard.InputDispatcher, "
-                    "with logical_to_physical_batch and physical_to_logical_batch), but got "
-                    f"{type(d).__name__}."
+                    at(
+                        where,
+                        f"expected an input dispatcher (e.g. torchshard.InputDispatcher, "
+                        "with logical_to_physical_batch and physical_to_logical_batch), but got "
+                        f"{type(d).__name__}.",
+                    )
                 )
         if dispatchers is not None and len(dispatchers) != len(sources):
             raise ValueError(
                 f"dispatchers: expected one per source ({len(sources)}), but got "
                 f"{len(dispatchers)}."
             )
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch: expected an int >= 0, but got {prefetch!r}.")
+        prefetch = nonnegative_int(prefetch, "prefetch")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"mesh: expected a torchshard.Mesh or None, but got {mesh!r}.")
         self._sources = sources
@@ -158,8 +168,10 @@ class GlobalBatchLoader(Iterable[Any]):
             self._check_hosts(current_topology(mesh))
             dispatcher = None if self._dispatchers is None else self._dispatchers[0]
             spec = feed_partition(self._partition, dispatcher)
-        backend = get_backend(mesh)
-        backend.prepare(mesh)  # its set-up collectives run here, never on the loader's thread
+        backend = lookup(mesh)
+        checks = backend.processes
+        if checks is not None:  # its set-up collectives run here, never on the loader's thread
+            checks.prepare(mesh)
         its = [iter(s) for s in self._sources]  # DataLoader workers start in this thread
         first = self._resume_at or 0
         self._resume_at = None
@@ -173,7 +185,7 @@ class GlobalBatchLoader(Iterable[Any]):
             first,
             per_host=self._per_host,
             explicit_partition=self._partition is not DEFAULT_PARTITION,
-            agree=len(self._sources) == 1 and backend.compares_processes(mesh),
+            agree=len(self._sources) == 1 and checks is not None and checks.compares(mesh),
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
         self._cursor = Cursor(producer.snapshot(), first)
@@ -347,15 +359,21 @@ def _check_source_state(source: Any, current: Any, state: Any, where: str) -> No
         return
     if not isinstance(state, dict):
         raise TypeError(
-            f"{where}: expected the state of this loader's source ({type(source).__name__}: a "
-            f"dict with keys {sorted(current)}), but got {type(state).__name__} {state!r:.60}."
+            at(
+                where,
+                f"expected the state of this loader's source ({type(source).__name__}: a "
+                f"dict with keys {sorted(current)}), but got {type(state).__name__} {state!r:.60}.",
+            )
         )
     if set(state) != set(current):
         raise ValueError(
-            f"{where}: expected the state of this loader's source ({type(source).__name__}: a "
-            f"dict with keys {sorted(current)}), but got keys {sorted(state)}; it was saved "
-            "from another kind of source (or one configured otherwise, e.g. another "
-            "num_workers). Load the state that this loader's state_dict() saved."
+            at(
+                where,
+                f"expected the state of this loader's source ({type(source).__name__}: a "
+                f"dict with keys {sorted(current)}), but got keys {sorted(state)}; it was saved "
+                "from another kind of source (or one configured otherwise, e.g. another "
+                "num_workers). Load the state that this loader's state_dict() saved.",
+            )
         )
 
 

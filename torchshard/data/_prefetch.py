@@ -35,7 +35,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from torchshard.data._worker import run_job
+from torchshard._core.checks import positive_int
+from torchshard.data._threads import run_job
 
 T = TypeVar("T")
 
@@ -100,8 +101,7 @@ class Prefetcher(Generic[T]):
         context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         where: Callable[[int], str] = lambda i: f"item {i}",
     ) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, but got {depth!r}.")
+        depth = positive_int(depth, "depth")
         self._produce = produce
         self._context = context
         self._where = where

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torchshard._backend import get_backend
+from torchshard._backend.registry import lookup
 from torchshard._core.agreement import END, describe, failure
 from torchshard._core.errors import IndivisibleError, ShardingError
-from torchshard._core.mesh import Mesh
-from torchshard._core.topology import current_topology
 from torchshard._core.tree import LazyPaths, flatten
-from torchshard._engine import read, to_global
+from torchshard._mesh.context import current_topology
+from torchshard._mesh.mesh import Mesh
+from torchshard._place.call import read
+from torchshard._place.place import to_global
 from torchshard.data._batch_check import (
     BatchChecker,
     check_dispatch_feeds,
@@ -42,7 +43,7 @@ class Made:
     outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
     where: Callable[[int], str] | None  # leaf paths for the agreement error
     ready: Callable[[], None] | None = None
-    """The batch's hand-off (``Backend.fence``): the consumer calls it before using the batch,
+    """The batch's hand-off (``DeviceThreads.fence``): the consumer calls it before using the batch,
     so that its stream waits for this batch's copies; ``None``: nothing to wait for."""
 
 
@@ -104,7 +105,8 @@ class Producer:
         self.background = False  # set when a thread runs it
         self.spec = spec
         self.mesh = mesh
-        self.backend = get_backend(mesh)
+        self.backend = lookup(mesh)
+        self.threads = self.backend.threads
         self.counters = counters
         self.first = first
         self.check = BatchChecker()
@@ -141,13 +143,13 @@ class Producer:
         except StopIteration as end:
             raise StopIteration(Ended(end.value, [END] if self.agree else None)) from None
         except Exception as e:
-            if self.background:  # drop the failed batch's copies from the staging ring
-                self.backend.fence()
+            if self.background and self.threads is not None:  # drop the failed batch's copies
+                self.threads.fence()
             if self.agree:
                 setattr(e, OUTCOME, failure(e))
             raise
         # The copies of a batch made on the loader's thread end with one fence for the batch.
-        ready = self.backend.fence() if self.background else None
+        ready = self.threads.fence() if self.background and self.threads is not None else None
         if not self.agree:
             return Made(out, snapshot, None, None, ready)
         leaves, treespec = flatten(host)

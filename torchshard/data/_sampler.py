@@ -7,6 +7,8 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
+from torchshard._core.errors import at
+
 _KEYS = ("num_shards", "shard_index")
 
 
@@ -18,19 +20,25 @@ def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
         arg = f"{arg}.feed_read_config()"
     if not isinstance(config, Mapping):
         raise TypeError(
-            f"{arg}: expected an input dispatcher (with feed_read_config()) or a dict "
-            f"{{'num_shards': int, 'shard_index': int}}, but got {type(config).__name__}."
+            at(
+                arg,
+                f"expected an input dispatcher (with feed_read_config()) or a dict "
+                f"{{'num_shards': int, 'shard_index': int}}, but got {type(config).__name__}.",
+            )
         )
     if set(config) != set(_KEYS):
-        raise ValueError(f"{arg}: expected the keys {list(_KEYS)}, but got {sorted(config)}.")
+        raise ValueError(at(arg, f"expected the keys {list(_KEYS)}, but got {sorted(config)}."))
     num, index = config["num_shards"], config["shard_index"]
     for key, value in (("num_shards", num), ("shard_index", index)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{arg}['{key}']: expected an int, but got {value!r}.")
     if num < 1 or not 0 <= index < num:
         raise ValueError(
-            f"{arg}: expected num_shards >= 1 and 0 <= shard_index < num_shards, but got "
-            f"num_shards={num}, shard_index={index}."
+            at(
+                arg,
+                f"expected num_shards >= 1 and 0 <= shard_index < num_shards, but got "
+                f"num_shards={num}, shard_index={index}.",
+            )
         )
     return num, index
 

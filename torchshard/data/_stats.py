@@ -1,10 +1,9 @@
-"""A loader's counters (``LoaderStats``) and its consumer's position in the source (``Cursor``)."""
+"""A loader's counters: ``LoaderStats`` (the value) and ``Counters`` (added to from two threads)."""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,29 +39,4 @@ class Counters:
         """Adds ``delta`` (``batches=1, wait_seconds=...``) to the counters."""
         with self._lock:
             v = self._value
-            self._value = dataclasses.replace(
-                v, **{k: getattr(v, k) + d for k, d in delta.items()}
-            )
-
-
-class Cursor:
-    """Where one epoch's consumer stands: the sources' state after the last batch it took
-    (``snapshot``; ``None``: the sources are not stateful) and the index of the batch it takes
-    next. The loader gives each epoch a new cursor and reads only its current one, so an epoch
-    that was replaced can no longer move the loader's position."""
-
-    __slots__ = ("next_batch", "snapshot")
-
-    def __init__(self, snapshot: list[Any] | None, next_batch: int) -> None:
-        self.snapshot = snapshot
-        self.next_batch = next_batch
-
-    def advance(self, snapshot: list[Any] | None) -> None:
-        """The consumer took a batch, after which the sources were at ``snapshot``."""
-        self.snapshot = snapshot
-        self.next_batch += 1
-
-    def end(self, snapshot: list[Any] | None) -> None:
-        """The sources ended: the next epoch starts at batch 0, from ``snapshot``."""
-        self.snapshot = snapshot
-        self.next_batch = 0
+            self._value = dataclasses.replace(v, **{k: getattr(v, k) + d for k, d in delta.items()})

@@ -1,7 +1,7 @@
 """Assertions on global tensors, checked against the shards the runtime itself reports.
 
 The oracle is the backend's own per-device shard indices (torch_xla's
-``_get_local_shard_replica_and_indices``, via ``Backend.local_shards``; this materialises
+``_get_local_shard_replica_and_indices``, via ``ReadBack.local_shards``; this materialises
 lazy tensors), compared with ``NamedSharding(mesh, spec).devices_indices_map``. Only this
 process's devices are compared (all of them on one host or under ``virtual_hosts``).
 """
@@ -15,11 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._backend import Backend, LocalShard, get_backend
-from torchshard._core.errors import NoMeshError
-from torchshard._core.mesh import Mesh, current_mesh
+from torchshard._backend.protocols import Backend, LocalShard
+from torchshard._backend.registry import lookup
+from torchshard._core.context import current_mesh
+from torchshard._core.errors import NoMeshError, at
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import PartitionSpec, as_partition_spec
+from torchshard._mesh.mesh import Mesh
 
 _MAX_ROWS = 16  # mismatching devices listed in a message
 Ranges = tuple[tuple[int, int], ...]
@@ -35,15 +37,18 @@ def _as_ranges(index: Sequence[slice]) -> Ranges:
 
 
 def _check_global(backend: Backend, tensor: Any, caller: str, argname: str) -> None:
-    if not backend.is_global(tensor):
+    if not backend.place.is_global(tensor):
         got = (
             f"a tensor on {tensor.device}"
             if isinstance(tensor, torch.Tensor)
             else type(tensor).__name__
         )
         raise TypeError(
-            f"{caller}: {argname} must be a global tensor of the {backend.name!r} backend (an "
-            f"XLA tensor, e.g. from torchshard.host_to_global_array), but got {got}."
+            at(
+                caller,
+                f"{argname} must be a global tensor of the {backend.name!r} backend (an "
+                f"XLA tensor, e.g. from torchshard.host_to_global_array), but got {got}.",
+            )
         )
 
 
@@ -106,7 +111,7 @@ def assert_sharded(
             "pass mesh=... or call it inside `with mesh:`."
         )
     spec = as_partition_spec(() if spec is None else spec)
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     _check_global(backend, tensor, "assert_sharded", "tensor")
     shape = tuple(int(n) for n in tensor.shape)
     sharding = NamedSharding(mesh, spec)
@@ -114,20 +119,26 @@ def assert_sharded(
     where = f"tensor of shape {shape} is not sharded as {spec!r} on {mesh!r}"
     exp_summary = _split_summary(list(expected.values()), shape)
     whole = tuple((0, n) for n in shape)
-    if not backend.is_sharded(tensor):
+    if not backend.read.is_sharded(tensor):
         if all(r == whole for r in expected.values()):
             return
         raise AssertionError(
-            f"{where}: it carries no sharding at all (moved to the device and never annotated), "
-            f"so every device holds the whole array, but {spec!r} expects {exp_summary}. Place "
-            "it with torchshard.host_to_global_array(..., partition=spec) or annotate it."
+            at(
+                where,
+                f"it carries no sharding at all (moved to the device and never annotated), "
+                f"so every device holds the whole array, but {spec!r} expects {exp_summary}. Place "
+                "it with torchshard.host_to_global_array(..., partition=spec) or annotate it.",
+            )
         )
-    actual = {s.device: s.ranges for s in backend.local_shards([tensor])[0]}
+    actual = {s.device: s.ranges for s in backend.read.local_shards([tensor])[0]}
     strangers = sorted(set(actual) - set(expected))
     if strangers:
         raise AssertionError(
-            f"{where}: the tensor lives on devices {strangers}, which are not in the mesh "
-            f"(devices {sorted(expected)})."
+            at(
+                where,
+                f"the tensor lives on devices {strangers}, which are not in the mesh "
+                f"(devices {sorted(expected)}).",
+            )
         )
     bad = [d for d in sorted(actual) if actual[d] != expected[d]]
     if not bad:
@@ -206,7 +217,7 @@ def assert_global_equal(
         ...
     """
     __tracebackhide__ = True
-    backend = get_backend(current_mesh())
+    backend = lookup(current_mesh())
     _check_global(backend, global_tensor, "assert_global_equal", "global_tensor")
     want = _expected_tensor(expected)
     shape = tuple(int(n) for n in global_tensor.shape)
@@ -220,11 +231,11 @@ def assert_global_equal(
             f"assert_global_equal: the global tensor has dtype {global_tensor.dtype}, but "
             f"expected has dtype {want.dtype}; cast expected to compare values."
         )
-    if backend.is_sharded(global_tensor):
-        shards = backend.local_shards([global_tensor])[0]
+    if backend.read.is_sharded(global_tensor):
+        shards = backend.read.local_shards([global_tensor])[0]
     else:  # no sharding: the whole value on every device; .cpu() is no gather
         whole = tuple((0, n) for n in shape)
-        shards = [LocalShard(-1, whole, backend.gather(global_tensor))]
+        shards = [LocalShard(-1, whole, backend.read.gather(global_tensor))]
     bad = []
     for s in shards:
         index = tuple(slice(a, b) for a, b in s.ranges)

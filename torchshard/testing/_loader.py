@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
+from torchshard._mesh.mesh import Mesh
 from torchshard.data._loader import GlobalBatchLoader, per_host_loader
 
 
@@ -47,6 +47,4 @@ def global_batch_loader_per_host(
             "loaders: expected a non-empty list with one source per host, but got "
             f"{type(loaders).__name__}."
         )
-    return per_host_loader(
-        loaders, dispatchers, partition=partition, mesh=mesh, prefetch=prefetch
-    )
+    return per_host_loader(loaders, dispatchers, partition=partition, mesh=mesh, prefetch=prefetch)

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from torchshard._core.mesh import Mesh
     from torchshard._core.topology import Topology
+    from torchshard._mesh.mesh import Mesh
 
 DEFAULT_DEVICES = 8
 PARAM = "_torchshard_spmd_devices"  # the hidden parameter of @pytest.mark.spmd items
@@ -106,7 +106,7 @@ def _setup(config: pytest.Config, options: Any) -> None:
     if _COUNT in config.stash or _INERT in config.stash:
         return
     count = _configured_count(config, options)
-    from torchshard._backend.xla_env import INSTALL_XLA, xla_installed
+    from torchshard._backend.xla.env import INSTALL_XLA, xla_installed
 
     if not xla_installed():
         config.stash[_INERT] = (
@@ -114,7 +114,7 @@ def _setup(config: pytest.Config, options: Any) -> None:
             f"devices (`{INSTALL_XLA}` installs it)"
         )
         return
-    from torchshard._backend.xla_env import EmulationError, setup_cpu_emulation
+    from torchshard._backend.xla.env import EmulationError, setup_cpu_emulation
 
     try:
         setup_cpu_emulation(count, force=True)
@@ -133,7 +133,7 @@ def _verify(config: pytest.Config, when: str) -> None:
     """Conftests and test modules may not change the count behind the plugin's back."""
     import os
 
-    from torchshard._backend.xla_env import runtime_devices, runtime_started
+    from torchshard._backend.xla.env import runtime_devices, runtime_started
 
     if _INERT in config.stash:
         return
@@ -248,7 +248,7 @@ def make_mesh(pytestconfig: pytest.Config) -> Iterator[Callable[..., Mesh]]:
         ...     mesh = make_mesh((4, 2), ("data", "model"))
         ...     assert torchshard.current_mesh() is mesh
     """
-    from torchshard._mesh_build import create_device_mesh
+    from torchshard._mesh.build import create_device_mesh
 
     _skip_if_inert(pytestconfig)
     with contextlib.ExitStack() as stack:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from torchshard._core.errors import ChildFailedError
+from torchshard._core.errors import ChildFailedError, at
 
 _TAIL = 60  # lines of the child's output shown when it ran no test
 
@@ -41,7 +41,7 @@ class ChildRun(pytest.Item):
         """The child run replacing ``item`` (same parent, name, node id, markers); ``current``
         is this process's device count."""
         if item.parent is None:
-            raise TypeError(f"{item.nodeid}: a marked test item must have a parent node.")
+            raise TypeError(at(item.nodeid, "a marked test item must have a parent node."))
         new = cls.from_parent(
             item.parent,
             name=item.name,

@@ -17,14 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._backend import get_backend
+from torchshard._backend.registry import lookup
+from torchshard._core.checks import contiguous_hosts
+from torchshard._core.context import current_mesh, require_mesh
 from torchshard._core.errors import ShardingError
-from torchshard._core.mesh import current_mesh, require_mesh
 from torchshard._core.partition import DEFAULT_PARTITION
-from torchshard._core.topology import Topology, current_topology, override, override_topology
-from torchshard._engine import read, to_global
-from torchshard._host_to_global import warn_partition_type
-from torchshard._readback import host_blocks
+from torchshard._core.topology import Topology, override, override_topology
+from torchshard._mesh.context import current_topology
+from torchshard._place.call import read
+from torchshard._place.host_to_global import warn_partition_type
+from torchshard._place.place import to_global
+from torchshard._place.readback import host_blocks
 
 EMULATED_BACKEND = "xla"  # virtual hosts split torch_xla's devices, unless a mesh says otherwise
 
@@ -45,16 +48,11 @@ def make_virtual_topology(num_devices: int, num_hosts: int, process_index: int =
                 f"{type(value).__name__}; pass {name}={_as_int_hint(value)}."
             )
     num_hosts, process_index = int(num_hosts), int(process_index)
-    if num_hosts < 1 or num_devices % num_hosts:
-        raise ValueError(
-            f"virtual_hosts: num_hosts must be a positive divisor of the device count "
-            f"{num_devices}, but got {num_hosts}."
-        )
-    per = num_devices // num_hosts
+    owners = contiguous_hosts(num_devices, num_hosts, where="virtual_hosts")
     return Topology(
         process_index,
         num_hosts,
-        tuple(d // per for d in range(num_devices)),
+        owners,
         virtual=True,
         data_hosts=tuple(range(num_hosts)),
     )
@@ -134,11 +132,12 @@ def host_to_global_array_per_host(
             f"{type(per_host_arrays).__name__}."
         )
     mesh = require_mesh("host_to_global_array_per_host")
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     topology = current_topology(mesh)
     warn_partition_type(partition, stacklevel=1)
     call = read(per_host_arrays, topology, partition, per_host=True, global_shape=global_shape)
-    backend.agree(mesh, call, what=call.argname)
+    if backend.processes is not None:
+        backend.processes.agree_begin(mesh, call, what=call.argname)()
     return to_global(mesh, backend, topology, call)
 
 

@@ -12,8 +12,8 @@ import time
 from types import TracebackType
 from typing import IO, Any
 
-from torchshard._optional import has_rich
 from torchshard._tools.bench._report import Report
+from torchshard._visualize.optional import has_rich
 
 
 def use_rich(stream: IO[str], *, plain: bool) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchshard._optional import require_matplotlib
 from torchshard._tools.bench._report import Report
 from torchshard._tools.bench.sweep import METHODS, NAME, label_bytes, size_label
+from torchshard._visualize.optional import require_matplotlib
 
 _STYLE = {
     "torchshard": {"color": "C0", "marker": "o", "linewidth": 2.2},

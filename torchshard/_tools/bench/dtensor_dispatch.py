@@ -2,7 +2,7 @@
 
 ``InputDispatcher.physical_to_logical_batch`` on the DTensor backend turns the row-target key
 into gather indices (an all-gather of the ``[P]`` int64 key, then the same scatter on every
-rank) and gathers the rows with ``Backend.take_rows``: each rank copies the logical rows it
+rank) and gathers the rows with ``InStep.take_rows``: each rank copies the logical rows it
 holds into an ``[L, W]`` tensor that is ``-0.0`` elsewhere, and a ``Partial`` -> ``Shard(0)``
 redistribute sums them over the ranks (reduce-scatter), so only logical rows move. Methods, on
 ``PROCESSES`` processes and a ``(PROCESSES,)`` mesh, each from the assembled physical batch to
@@ -63,13 +63,13 @@ def _worker() -> None:
     from torch.distributed.tensor import DTensor, Replicate
 
     import torchshard as ts
-    from torchshard._backend import get_backend
-    from torchshard._dispatch import row_targets_to_indices
+    from torchshard._backend.registry import lookup
+    from torchshard._step.dispatch import row_targets_to_indices
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = ts.create_device_mesh((world,), ("data",), backend="dtensor")
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     key = ts.PHYSICAL_TO_LOGICAL_DISPATCH_KEY
     figures = {}
     with mesh:
@@ -85,7 +85,7 @@ def _worker() -> None:
                 return d.physical_to_logical_batch(g)["x"].to_local()
 
             def theirs(g: Any = g, logical: int = logical) -> Any:
-                index = row_targets_to_indices(backend.full_local(g[key]), logical, "", False)
+                index = row_targets_to_indices(backend.step.full_local(g[key]), logical, "", False)
                 index = DTensor.from_local(index, mesh.native, [Replicate()], run_check=False)
                 out = torch.index_select(g["x"], 0, index)
                 return ts.maybe_shard(out, ts.P("data")).to_local()

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._backend import xla
+from torchshard._backend.xla import runtime as xla_runtime
 from torchshard._tools.bench._report import Report, measure, paired_ratio
 
 NAME = "h2g"
@@ -55,7 +55,7 @@ def methods(mesh: Any, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[],
         k: ts.NamedSharding(mesh, spec).devices_indices_map(shape) for k, shape in shapes.items()
     }
     op = mesh.xla_mesh.get_op_sharding((mesh.axis_names, None))
-    raw = xla.cpu_shards_binding()
+    raw = xla_runtime.cpu_shards_binding()
     device = torch_xla.device()
 
     def torchshard() -> Any:  # runs inside `with mesh:` (see run)

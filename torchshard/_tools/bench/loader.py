@@ -41,10 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._backend import get_backend, xla
-from torchshard._core.mesh import current_mesh, thread_mesh
-from torchshard._core.topology import current_topology
-from torchshard._engine import read, to_global
+from torchshard._backend.registry import lookup
+from torchshard._backend.xla import backend as xla
+from torchshard._core.context import current_mesh, thread_mesh
+from torchshard._mesh.context import current_topology
+from torchshard._place.call import read
+from torchshard._place.place import to_global
 from torchshard._tools.bench._report import Report, compare
 
 NAME = "loader"
@@ -62,7 +64,7 @@ def transfer(batch: Any, spec: Any, background: bool, *_: Any) -> Any:
     """One batch through the engine, as the loader's thread (``background``) or the
     foreground transfers it (the agreement step left out, as on the loader's thread)."""
     mesh = current_mesh()
-    backend, topology = get_backend(mesh), current_topology(mesh)
+    backend, topology = lookup(mesh), current_topology(mesh)
     call = read([batch], topology, spec, per_host=False)
     return to_global(mesh, backend, topology, call, background=background)
 

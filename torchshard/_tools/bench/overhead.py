@@ -74,9 +74,9 @@ def split_views(mesh: Any, batch: dict[str, torch.Tensor]) -> Callable[[], Any]:
     wrapper's per-call cost."""
     import torch_xla.core.xla_model as xm
 
-    from torchshard._backend import xla
+    from torchshard._backend.xla import runtime as xla_runtime
 
-    raw = xla.cpu_shards_binding()
+    raw = xla_runtime.cpu_shards_binding()
     op = mesh.xla_mesh.get_op_sharding((mesh.axis_names, None))
     shapes = {k: list(t.shape) for k, t in batch.items()}
 

@@ -5,10 +5,10 @@ A dict holding ``PHYSICAL_TO_LOGICAL_DISPATCH_KEY`` says which physical rows of 
 form the logical batch. The key is turned into gather indices ``p(l)`` inside the step and every
 other leaf of that dict becomes ``x.index_select(0, p)``: ``out[l] = x[p(l)]``. That moves
 ``L`` rows, where axlearn's ``einsum("p...,pl->l...")`` multiplies by a ``P x L`` one-hot matrix.
-The key's backend gives the key's whole value for the index maths (``Backend.full_local``:
+The key's backend gives the key's whole value for the index maths (``InStep.full_local``:
 torch_xla traces it; DTensor, which has no ``argmax`` rule and refuses plain tensors next to
 DTensors, all-gathers the small key) and each leaf's backend does the gather
-(``Backend.take_rows``), so this module works alike on both.
+(``InStep.take_rows``), so this module works alike on both.
 
 Key forms (``P``: physical rows, ``L``: logical rows):
 
@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from torchshard._backend import backend_of
-from torchshard._constraint import maybe_shard
+from torchshard._backend.registry import lookup
 from torchshard._core.deprecation import warn_once
-from torchshard._core.errors import ShardingError
+from torchshard._core.errors import ShardingError, at
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import LazyPaths, flatten, unflatten
+from torchshard._step.constraint import maybe_shard
 
 PHYSICAL_TO_LOGICAL_DISPATCH_KEY = "__physical_to_logical_batch_dispatch"
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
@@ -83,8 +83,10 @@ def _dispatch_dict(
     key = rest.pop(_KEY)
     if not isinstance(key, torch.Tensor):
         raise TypeError(
-            f"{key_path(where)}: expected the dispatch tensor (a torch.Tensor), but got "
-            f"{type(key).__name__}."
+            at(
+                key_path(where),
+                f"expected the dispatch tensor (a torch.Tensor), but got {type(key).__name__}.",
+            )
         )
     leaves, treespec = flatten(rest, is_leaf=holds_key)
     paths = LazyPaths(treespec, where)
@@ -92,9 +94,12 @@ def _dispatch_dict(
     for i, leaf in enumerate(leaves):
         if holds_key(leaf):
             raise ShardingError(
-                f"{paths[i]}: this dict holds the dispatch key, and so does the dict around it "
-                f"({where}), whose dispatch would apply to the inner key as to any leaf. Keep "
-                "one dispatch key per subtree."
+                at(
+                    paths[i],
+                    f"this dict holds the dispatch key, and so does the dict around it "
+                    f"({where}), whose dispatch would apply to the inner key as to any leaf. Keep "
+                    "one dispatch key per subtree.",
+                )
             )
         if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
             found = (
@@ -103,25 +108,31 @@ def _dispatch_dict(
                 else type(leaf).__name__
             )
             raise ShardingError(
-                f"{paths[i]}: dispatch selects rows along dim 0, so every leaf beside the "
-                f"dispatch key must be a tensor of rank >= 1; got {found}."
+                at(
+                    paths[i],
+                    f"dispatch selects rows along dim 0, so every leaf beside the "
+                    f"dispatch key must be a tensor of rank >= 1; got {found}.",
+                )
             )
         if physical is None:
             physical, first = leaf.shape[0], i
         elif leaf.shape[0] != physical:
             raise ShardingError(
-                f"{paths[i]}: every leaf beside a dispatch key is a batch of the same physical "
-                f"rows; expected dim 0 of size {physical} (as {paths[first]}), got "
-                f"{leaf.shape[0]} (shape {tuple(leaf.shape)})."
+                at(
+                    paths[i],
+                    f"every leaf beside a dispatch key is a batch of the same physical "
+                    f"rows; expected dim 0 of size {physical} (as {paths[first]}), got "
+                    f"{leaf.shape[0]} (shape {tuple(leaf.shape)}).",
+                )
             )
     if physical is None:
         return rest
     # The key's backend gives its whole value for the index maths (torch_xla: the key itself,
     # traced; DTensor: a plain tensor, the same on every rank), each leaf's backend the gather.
-    index = to_indices(backend_of(key).full_local(key), key_path(where), physical)
+    index = to_indices(lookup(key).step.full_local(key), key_path(where), physical)
     out = []
     for leaf in leaves:
-        selected = backend_of(leaf).take_rows(leaf, index)
+        selected = lookup(leaf).step.take_rows(leaf, index)
         out.append(maybe_shard(selected, out_spec))
     return unflatten(treespec, out)
 
@@ -130,12 +141,15 @@ def onehot_to_indices(key: torch.Tensor, where: str, physical: int, check: bool)
     """Gather indices from a one-hot ``[physical, logical]`` matrix (in step)."""
     if key.dtype.is_complex:
         raise TypeError(
-            f"{where}: a one-hot dispatch matrix must be bool, integer or float; got {key.dtype}."
+            at(where, f"a one-hot dispatch matrix must be bool, integer or float; got {key.dtype}.")
         )
     if key.shape[0] != physical:
         raise ShardingError(
-            f"{where}: a one-hot dispatch matrix has one row per physical example; expected "
-            f"shape ({physical}, logical), got {tuple(key.shape)}."
+            at(
+                where,
+                f"a one-hot dispatch matrix has one row per physical example; expected "
+                f"shape ({physical}, logical), got {tuple(key.shape)}.",
+            )
         )
     nonzero = key != 0
     if check:
@@ -157,8 +171,11 @@ def _check_onehot(key: torch.Tensor, nonzero: torch.Tensor, where: str) -> None:
             else "some entries are neither 0 nor 1"
         )
         raise ShardingError(
-            f"{where}: every column of a dispatch matrix must be one-hot (exactly one 1, the "
-            f"rest 0); expected one nonzero entry per column, but {detail}."
+            at(
+                where,
+                f"every column of a dispatch matrix must be one-hot (exactly one 1, the "
+                f"rest 0); expected one nonzero entry per column, but {detail}.",
+            )
         )
 
 
@@ -169,8 +186,11 @@ def check_indices(index: torch.Tensor, physical: int, where: str) -> None:
     lo, hi = int(index.min().cpu()), int(index.max().cpu())
     if lo < 0 or hi >= physical:
         raise ShardingError(
-            f"{where}: dispatch indices must be physical row numbers in [0, {physical}); "
-            f"got values in [{lo}, {hi}]."
+            at(
+                where,
+                f"dispatch indices must be physical row numbers in [0, {physical}); "
+                f"got values in [{lo}, {hi}].",
+            )
         )
 
 
@@ -205,10 +225,13 @@ def row_targets_to_indices(
                     "process_index(), does)."
                 )
             raise ShardingError(
-                f"{where}: row targets must name every logical index in [0, {logical}) exactly "
-                f"once (-1 for padding); {n_bad} targets are out of range and logical indices "
-                f"{wrong[:8]}{' ...' if len(wrong) > 8 else ''} appear "
-                f"{[int(counts[i]) for i in wrong[:8]]} times.{hint}"
+                at(
+                    where,
+                    f"row targets must name every logical index in [0, {logical}) exactly "
+                    f"once (-1 for padding); {n_bad} targets are out of range and logical indices "
+                    f"{wrong[:8]}{' ...' if len(wrong) > 8 else ''} appear "
+                    f"{[int(counts[i]) for i in wrong[:8]]} times.{hint}",
+                )
             )
     index = torch.zeros(logical + 1, dtype=torch.int64, device=targets.device)
     return index.scatter(0, slots, rows)[:logical]
@@ -223,15 +246,21 @@ def key_to_indices(check: bool) -> ToIndices:
         if key.dim() == 1:
             if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
                 raise TypeError(
-                    f"{where}: a 1-D dispatch tensor holds gather indices [logical] and must "
-                    f"have an integer dtype; got {key.dtype}."
+                    at(
+                        where,
+                        f"a 1-D dispatch tensor holds gather indices [logical] and must "
+                        f"have an integer dtype; got {key.dtype}.",
+                    )
                 )
             if check:
                 check_indices(key, physical, where)
             return key
         raise ShardingError(
-            f"{where}: expected a one-hot matrix [physical, logical] (rank 2) or gather indices "
-            f"[logical] (rank 1), but got shape {tuple(key.shape)}."
+            at(
+                where,
+                f"expected a one-hot matrix [physical, logical] (rank 2) or gather indices "
+                f"[logical] (rank 1), but got shape {tuple(key.shape)}.",
+            )
         )
 
     return convert

@@ -15,12 +15,15 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from torchshard._backend import get_backend
+from torchshard._backend.protocols import Backend
+from torchshard._backend.registry import lookup
+from torchshard._core.context import current_mesh
 from torchshard._core.errors import ShardingError, at
-from torchshard._core.mesh import Mesh, current_mesh
+from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import dim_axes
 from torchshard._core.spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
 from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
+from torchshard._place.validate import check_layout
 
 _LOG = logging.getLogger("torchshard")
 _LOGGED: set[str] = set()
@@ -106,7 +109,7 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
     mesh = _active_mesh()
     if mesh is None:
         return x
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     leaves, treespec = flatten(x)
     specs = _specs_per_leaf(spec, x, len(leaves))
     where = LazyPaths(treespec, "x")
@@ -120,22 +123,25 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
                 f"spec (for {where[i]}): expected a PartitionSpec or None, but got {s!r} of "
                 f"type {type(s).__name__}; wrap axis names in P(...)."
             )
-        if not backend.is_global(leaf):
+        if not backend.place.is_global(leaf):
             raise TypeError(
-                f"{where[i]}: with_sharding_constraint annotates tensors of the {backend.name} "
-                f"backend (inside a step), but got {_describe(leaf)}. Move host data with "
-                "host_to_global_array first."
+                at(
+                    where[i],
+                    f"with_sharding_constraint annotates tensors of the {backend.name} "
+                    f"backend (inside a step), but got {_describe(leaf)}. Move host data with "
+                    "host_to_global_array first.",
+                )
             )
         axes = dim_axes(mesh, s, leaf.dim(), where=where[i])
         try:
-            backend.check_layout(mesh, axes)
+            check_layout(backend, mesh, axes)
         except ShardingError as e:
             raise type(e)(at(where[i], str(e))) from None
         plan.append(axes)
     out = []
     for i, (leaf, axes) in enumerate(zip(leaves, plan, strict=True)):
         try:
-            out.append(leaf if axes is None else backend.annotate(leaf, mesh, axes))
+            out.append(leaf if axes is None else backend.step.annotate(leaf, mesh, axes))
         except ShardingError as e:  # e.g. a DTensor of another DeviceMesh
             raise type(e)(at(where[i], str(e))) from None
     return unflatten(treespec, out)
@@ -185,7 +191,7 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
     mesh = _active_mesh()
     if mesh is None:
         return x
-    backend = get_backend(mesh)
+    backend = lookup(mesh)
     leaves, treespec = flatten(x)
     out = []
     for leaf in leaves:
@@ -225,8 +231,8 @@ def _single_spec(spec: Any) -> PartitionSpec:
     )
 
 
-def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) -> Any:
-    if not backend.is_global(leaf):
+def _maybe_annotate(backend: Backend, mesh: Mesh, spec: PartitionSpec, leaf: Any) -> Any:
+    if not backend.place.is_global(leaf):
         _debug_once(
             f"maybe_shard: left {_describe(leaf)} as it is: {spec!r} applies to tensors of the "
             f"{backend.name} backend."
@@ -235,7 +241,7 @@ def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) ->
     keep = frozenset(i for i, e in enumerate(spec) if e is UNCONSTRAINED)
     if spec and len(keep) == len(spec):
         return leaf
-    if keep and not backend.keeps_unconstrained_dims:
+    if keep and not backend.step.keeps_unconstrained_dims:
         _debug_once(
             f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {spec!r} mixes "
             f"UNCONSTRAINED with constrained dimensions, which the {backend.name} backend "
@@ -247,8 +253,8 @@ def _maybe_annotate(backend: Any, mesh: Mesh, spec: PartitionSpec, leaf: Any) ->
     try:
         axes = dim_axes(mesh, spec, leaf.dim())
         # Validation only raises, the same way on every process, before anything moves.
-        backend.check_layout(mesh, axes)
-        return backend.annotate(leaf, mesh, axes, keep=keep)
+        check_layout(backend, mesh, axes)
+        return backend.step.annotate(leaf, mesh, axes, keep=keep)
     except ShardingError as e:
         _debug_once(f"maybe_shard: left a tensor of shape {tuple(leaf.shape)} as it is: {e}")
         return leaf

@@ -1,7 +1,7 @@
 """Daemon threads reused from one prefetch stream to the next (standard library only).
 
-A ``Worker`` runs one job at a time. When a job ends with its stream finished (the source
-ran out, or failed), the worker is *parked*: it waits up to ``PARK_SECONDS`` for the next
+A ``ReusedThread`` runs one job at a time. When a job ends with its stream finished (the
+source ran out, or failed), the thread is *parked*: it waits up to ``PARK_SECONDS`` for the next
 stream to adopt it (``run_job``), and exits if none does. A job stopped from outside (``close()``
 mid-stream, an abandoned iterator) retires its worker instead, so that ``close()`` can join it.
 
@@ -27,16 +27,16 @@ from collections.abc import Callable
 PARK_SECONDS = 1.0  # how long a finished stream's thread waits to be adopted by the next one
 PARKED_NAME = "torchshard-parked"
 
-# A job runs on the worker and returns whether the worker may park (False: it exits).
+# A job runs on the thread and returns whether the thread may park (False: it exits).
 Job = Callable[[], bool]
 
 
 class _Pool:
-    """The parked workers, and the lock that orders adoption against a parked worker's expiry."""
+    """The parked threads, and the lock that orders adoption against a parked worker's expiry."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.parked: list[Worker] = []
+        self.parked: list[ReusedThread] = []
 
     def forget(self) -> None:
         """In a forked child: none of the parent's threads exist (and the lock may be held)."""
@@ -48,7 +48,7 @@ _POOL = _Pool()
 os.register_at_fork(after_in_child=_POOL.forget)
 
 
-class Worker:
+class ReusedThread:
     """One daemon thread; use ``run_job`` rather than making one directly."""
 
     def __init__(self, name: str) -> None:
@@ -92,7 +92,7 @@ def run_job(job: Job, *, name: str) -> threading.Thread:
                 worker.thread.name = name
                 worker.jobs.put(job)  # under the lock: the worker's expiry check sees it adopted
                 return worker.thread
-    worker = Worker(name)
+    worker = ReusedThread(name)
     worker.jobs.put(job)
     worker.thread.start()
     return worker.thread

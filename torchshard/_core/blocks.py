@@ -127,8 +127,7 @@ def given_global_shape(
         if set(parts.values()) != {m}:
             held = len(next(iter(f.sets.values())))
             own = (
-                f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its "
-                "devices)"
+                f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its devices)"
                 if len(set(parts.values())) == 1
                 else f"its own part (per host: {parts}; they differ, so only the whole dimension "
                 "serves every host)"

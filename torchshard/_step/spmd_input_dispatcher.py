@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torchshard._core.errors import ShardingError
-from torchshard._core.mesh import require_mesh
+from torchshard._core.checks import positive_int
+from torchshard._core.context import require_mesh
+from torchshard._core.errors import ShardingError, at
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import PartitionSpec, as_partition_spec, spec_entry_axes
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.tree import LazyPaths, flatten, unflatten
-from torchshard._host_data import shape_dtype
-from torchshard._input_dispatcher import positive_int
+from torchshard._place.host_data import shape_dtype
 
 
 class SpmdInputDispatcher:
@@ -48,7 +48,7 @@ class SpmdInputDispatcher:
 
     def __init__(self, global_logical_batch_size: int, *, partition_spec: PartitionSpec) -> None:
         mesh = require_mesh("SpmdInputDispatcher")
-        logical = positive_int("global_logical_batch_size", global_logical_batch_size)
+        logical = positive_int(global_logical_batch_size, "global_logical_batch_size")
         if not isinstance(partition_spec, PartitionSpec):
             raise TypeError(f"partition_spec must be a PartitionSpec, but got {partition_spec!r}.")
         if not partition_spec:
@@ -137,18 +137,24 @@ class SpmdInputDispatcher:
         shape = getattr(leaf, "shape", None)
         if shape is None:
             raise TypeError(
-                f"{where}: expected an array or tensor (a batch along dim 0), but got "
-                f"{type(leaf).__name__}."
+                at(
+                    where,
+                    f"expected an array or tensor (a batch along dim 0), but got "
+                    f"{type(leaf).__name__}.",
+                )
             )
         shape = tuple(shape)
         if not shape or shape[0] != expected:
             found = "a scalar" if not shape else f"dim 0 of size {shape[0]}"
             raise ShardingError(
-                f"{where}: dim 0 of every leaf is the {which} batch of this "
-                f"SpmdInputDispatcher(global_logical_batch_size={self._logical}) over "
-                f"{self._count} feeds; expected {expected}, got {found} (shape {shape}). Batch "
-                f"feed_logical_batch_size={self.feed_logical_batch_size} examples per feed, or "
-                "make the dispatcher with the batch size the data has."
+                at(
+                    where,
+                    f"dim 0 of every leaf is the {which} batch of this "
+                    f"SpmdInputDispatcher(global_logical_batch_size={self._logical}) over "
+                    f"{self._count} feeds; expected {expected}, got {found} (shape {shape}). Batch "
+                    f"feed_logical_batch_size={self.feed_logical_batch_size} examples per feed, or "
+                    "make the dispatcher with the batch size the data has.",
+                )
             )
 
     def logical_to_physical_shapes(self, logical_feed_shapes: Any, /) -> Any:
@@ -161,7 +167,7 @@ class SpmdInputDispatcher:
             shape, dtype = shape_dtype(leaf, where[i])
             if not shape:
                 raise ShardingError(
-                    f"{where[i]}: expected a batch of rank >= 1, but got a scalar spec."
+                    at(where[i], "expected a batch of rank >= 1, but got a scalar spec.")
                 )
             self._check_rows(
                 TensorSpec(shape, dtype), self.feed_logical_batch_size, where[i], "feed's"

@@ -19,24 +19,28 @@ from typing import Any
 
 import torch
 
-from torchshard._backend import Backend, LocalShard, backend_of, get_backend
+from torchshard._backend.protocols import Backend, LocalShard
+from torchshard._backend.registry import lookup
+from torchshard._core.blocks import block_offsets
+from torchshard._core.context import current_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
-from torchshard._core.mesh import current_mesh
-from torchshard._core.plan import block_offsets
-from torchshard._core.topology import Topology, current_topology
+from torchshard._core.topology import Topology
 from torchshard._core.tree import LazyPaths, flatten, unflatten
+from torchshard._mesh.context import current_topology
 
 _NOT_GIVEN: Any = object()  # global_to_host_array's deprecated ``partition``, when not passed
 
 
 def _check_global(backend: Backend, x: Any, where: str) -> None:
-    if not backend.is_global(x):
+    if not backend.place.is_global(x):
+        on = f" on {x.device}" if isinstance(x, torch.Tensor) else ""
         raise TypeError(
-            f"{where}: expected a global tensor of the {backend.name} backend (e.g. from "
-            f"host_to_global_array), but got {type(x).__name__}"
-            + (f" on {x.device}" if isinstance(x, torch.Tensor) else "")
-            + "."
+            at(
+                where,
+                f"expected a global tensor of the {backend.name} backend (e.g. from "
+                f"host_to_global_array), but got {type(x).__name__}{on}.",
+            )
         )
 
 
@@ -90,12 +94,15 @@ def _non_grid_block(
     have = sum(_volume(r) for r in {s.ranges for s in mine})
     total = math.prod(sum(b - a for a, b in h) for h in span)
     raise ShardingError(
-        f"{where}: host {host}'s block spans the ranges {span} (one list per dimension), but "
-        f"this process can read only {have} of its {total} elements: the layout is not a grid "
-        "per host (the host's devices do not hold the whole cross product of their slices; "
-        "other hosts' devices hold the rest). Read the whole value with "
-        "replicate_to_local_data, or use a mesh whose device order follows host boundaries "
-        "(e.g. create_device_mesh with a HybridMeshShape)."
+        at(
+            where,
+            f"host {host}'s block spans the ranges {span} (one list per dimension), but "
+            f"this process can read only {have} of its {total} elements: the layout is not a grid "
+            "per host (the host's devices do not hold the whole cross product of their slices; "
+            "other hosts' devices hold the rest). Read the whole value with "
+            "replicate_to_local_data, or use a mesh whose device order follows host boundaries "
+            "(e.g. create_device_mesh with a HybridMeshShape).",
+        )
     )
 
 
@@ -105,9 +112,9 @@ def _runtime(leaves: Sequence[Any]) -> tuple[Backend, Topology]:
     topology (an installed emulation's under ``virtual_hosts``)."""
     mesh = current_mesh()
     if mesh is not None:
-        return get_backend(mesh), current_topology(mesh)
-    backend = backend_of(leaves[0])
-    return backend, current_topology(backend=backend.name, of=backend)
+        return lookup(mesh), current_topology(mesh)
+    backend = lookup(leaves[0])
+    return backend, current_topology(backend=backend.name)
 
 
 def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
@@ -119,9 +126,9 @@ def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
     backend, topology = _runtime(leaves)
     where = LazyPaths(treespec, argname)
     for i, leaf in enumerate(leaves):
-        if not backend.is_global(leaf):
+        if not backend.place.is_global(leaf):
             _check_global(backend, leaf, where[i])
-    all_shards = backend.local_shards(leaves)
+    all_shards = backend.read.local_shards(leaves)
     owner = topology.device_process
     wanted = [topology.process_index] if hosts is None else list(hosts)
     out = []
@@ -131,9 +138,12 @@ def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
             mine = [s for s in shards if owner[s.device] == h]
             if not mine:
                 raise ShardingError(
-                    f"{where[i]}: host {h} holds no shard of this tensor; expected shards on "
-                    f"its devices {topology.devices_of(h)}, got shards on devices "
-                    f"{sorted(s.device for s in shards)}."
+                    at(
+                        where[i],
+                        f"host {h} holds no shard of this tensor; expected shards on "
+                        f"its devices {topology.devices_of(h)}, got shards on devices "
+                        f"{sorted(s.device for s in shards)}.",
+                    )
                 )
             block = _block(mine, leaf.dim(), leaf.dtype)
             if block is None:
@@ -195,16 +205,16 @@ def replicate_to_local_data(x: Any, /) -> Any:
     backend, _ = _runtime(leaves)
     where = LazyPaths(treespec, "x")
     for i, leaf in enumerate(leaves):
-        if not backend.is_global(leaf):
+        if not backend.place.is_global(leaf):
             _check_global(backend, leaf, where[i])
     out = []
-    for i, (leaf, shards) in enumerate(zip(leaves, backend.local_shards(leaves), strict=True)):
+    for i, (leaf, shards) in enumerate(zip(leaves, backend.read.local_shards(leaves), strict=True)):
         block = _block(shards, leaf.dim(), leaf.dtype)
         if block is not None and tuple(block.shape) == tuple(leaf.shape):
             out.append(block)
             continue
         try:  # DTensor: checks first that every process gathers the same shape and dtype
-            out.append(backend.gather(leaf))
+            out.append(backend.read.gather(leaf))
         except ProcessDisagreementError as e:
             raise ProcessDisagreementError(at(where[i], str(e))) from None
     return unflatten(treespec, out)

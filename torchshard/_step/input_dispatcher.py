@@ -25,14 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._core.errors import ShardingError
-from torchshard._core.mesh import current_mesh
+from torchshard._core.checks import positive_int
+from torchshard._core.context import current_mesh
+from torchshard._core.errors import ShardingError, at
 from torchshard._core.partition import input_partition_spec
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tensor_spec import TensorSpec
-from torchshard._core.topology import current_topology
 from torchshard._core.tree import LazyPaths, flatten, unflatten
-from torchshard._dispatch import (
+from torchshard._mesh.context import current_topology
+from torchshard._place.host_data import MASKED_ARRAY, as_host_tensor, has_names, shape_dtype
+from torchshard._step.dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
     ToIndices,
     dispatch_dicts,
@@ -40,32 +42,27 @@ from torchshard._dispatch import (
     onehot_to_indices,
     row_targets_to_indices,
 )
-from torchshard._host_data import MASKED_ARRAY, as_host_tensor, has_names, shape_dtype
 
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
-
-
-def positive_int(name: str, value: Any) -> int:
-    """``value`` as an int; raises ``ValueError`` naming ``name`` unless it is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive int, but got {value!r}.")
-    return int(value)
 
 
 def _host_leaf(x: Any, where: str) -> None:
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise TypeError(
-                f"{where}: logical_to_physical_batch runs on the host; expected a numpy array or "
-                f"a CPU tensor, but got a tensor on {x.device}."
+                at(
+                    where,
+                    f"logical_to_physical_batch runs on the host; expected a numpy array or "
+                    f"a CPU tensor, but got a tensor on {x.device}.",
+                )
             )
         if x.layout is not torch.strided or has_names(x):
             as_host_tensor(x, where)  # raises: sparse and named tensors are not host arrays
     elif isinstance(x, np.ma.MaskedArray):
-        raise TypeError(f"{where}: {MASKED_ARRAY}")
+        raise TypeError(at(where, f"{MASKED_ARRAY}"))
     elif not isinstance(x, (np.ndarray, np.generic)):
         raise TypeError(
-            f"{where}: expected a numpy array or a CPU torch.Tensor, but got {type(x).__name__}."
+            at(where, f"expected a numpy array or a CPU torch.Tensor, but got {type(x).__name__}.")
         )
 
 
@@ -79,8 +76,11 @@ def _check_batch_dim(shape: tuple[int, ...], expected: int, where: str, what: st
     if len(shape) == 0 or shape[0] != expected:
         found = "a scalar" if len(shape) == 0 else f"dim 0 of size {shape[0]}"
         raise ShardingError(
-            f"{where}: dim 0 of every leaf is the {what}; expected {expected}, got {found} "
-            f"(shape {shape})."
+            at(
+                where,
+                f"dim 0 of every leaf is the {what}; expected {expected}, got {found} "
+                f"(shape {shape}).",
+            )
         )
 
 
@@ -145,11 +145,11 @@ class InputDispatcher:
         logical_feed_indices: Sequence[int] | None = None,
     ) -> None:
         topology = current_topology(current_mesh())
-        logical = positive_int("global_logical_batch_size", global_logical_batch_size)
+        logical = positive_int(global_logical_batch_size, "global_logical_batch_size")
         feeds = (
             topology.process_count
             if num_physical_feeds is None
-            else positive_int("num_physical_feeds", num_physical_feeds)
+            else positive_int(num_physical_feeds, "num_physical_feeds")
         )
         index = topology.process_index if physical_feed_index is None else physical_feed_index
         if logical_feed_indices is None:
@@ -164,7 +164,7 @@ class InputDispatcher:
             need = (logical // len(indices)) * feeds
             physical = -(-need // step) * step
         else:
-            physical = positive_int("global_physical_batch_size", global_physical_batch_size)
+            physical = positive_int(global_physical_batch_size, "global_physical_batch_size")
         self._logical = logical
         self._physical = physical
         self._feeds = feeds
@@ -319,8 +319,11 @@ class InputDispatcher:
         for i, leaf in enumerate(leaves):
             if (padding_feed or fp > fl) and not _paddable(leaf.dtype):
                 raise TypeError(
-                    f"{where[i]}: this feed's rows are padded with zeros, which needs a numeric "
-                    f"or bool dtype; got {leaf.dtype}. Encode strings and objects as numbers."
+                    at(
+                        where[i],
+                        f"this feed's rows are padded with zeros, which needs a numeric "
+                        f"or bool dtype; got {leaf.dtype}. Encode strings and objects as numbers.",
+                    )
                 )
             out.append(self._pad(leaf, padding_feed))
         batch = unflatten(treespec, out)
@@ -337,13 +340,19 @@ class InputDispatcher:
     def _check_root(self, tree: Any, argname: str) -> None:
         if not isinstance(tree, dict):
             raise TypeError(
-                f"{argname}: the dispatch key is added at the root of the batch, which must "
-                f"therefore be a dict; got {type(tree).__name__}."
+                at(
+                    argname,
+                    f"the dispatch key is added at the root of the batch, which must "
+                    f"therefore be a dict; got {type(tree).__name__}.",
+                )
             )
         if _KEY in tree:
             raise ValueError(
-                f"{key_path(argname)}: the dispatch key is already present; "
-                "logical_to_physical_batch adds it (call it once per batch)."
+                at(
+                    key_path(argname),
+                    "the dispatch key is already present; "
+                    "logical_to_physical_batch adds it (call it once per batch).",
+                )
             )
 
     def _pad(self, leaf: Any, zeros: bool) -> Any:
@@ -431,19 +440,25 @@ class InputDispatcher:
         def convert(key: torch.Tensor, where: str, physical: int) -> torch.Tensor:
             if physical != P:
                 raise ShardingError(
-                    f"{where}: the leaves beside the key must have the global physical batch "
-                    f"size {P} in dim 0, but they have {physical}."
+                    at(
+                        where,
+                        f"the leaves beside the key must have the global physical batch "
+                        f"size {P} in dim 0, but they have {physical}.",
+                    )
                 )
             if key.dim() == 2 and tuple(key.shape) == (P, L):
                 return onehot_to_indices(key, where, P, check)
             if key.dim() != 1 or key.shape[0] != P:
                 raise ShardingError(
-                    f"{where}: expected row targets of shape ({P},) (from "
-                    f"logical_to_physical_batch) or a one-hot matrix of shape ({P}, {L}); "
-                    f"got {tuple(key.shape)}."
+                    at(
+                        where,
+                        f"expected row targets of shape ({P},) (from "
+                        f"logical_to_physical_batch) or a one-hot matrix of shape ({P}, {L}); "
+                        f"got {tuple(key.shape)}.",
+                    )
                 )
             if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
-                raise TypeError(f"{where}: row targets must be integers; got {key.dtype}.")
+                raise TypeError(at(where, f"row targets must be integers; got {key.dtype}."))
             return row_targets_to_indices(key, L, where, check)
 
         return convert

@@ -16,7 +16,8 @@ from typing import IO, Any
 
 import torch
 
-from torchshard._backend import get_backend
+from torchshard._backend.registry import lookup
+from torchshard._core.context import current_mesh
 from torchshard._core.layout import (
     LayoutBlock,
     ShardingLayout,
@@ -28,9 +29,8 @@ from torchshard._core.layout import (
     span_text,
     table_rows,
 )
-from torchshard._core.mesh import current_mesh
-from torchshard._core.topology import current_topology
-from torchshard._optional import has_rich, require_matplotlib, require_rich
+from torchshard._mesh.context import current_topology
+from torchshard._visualize.optional import has_rich, require_matplotlib, require_rich
 
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_black", "white")
 
@@ -43,8 +43,8 @@ def layout_of_tensor(tensor: Any) -> ShardingLayout:
     its backend holds unsharded (never annotated) is whole on every local device.
     """
     mesh = current_mesh()
-    backend = get_backend(mesh)
-    if not backend.is_global(tensor):
+    backend = lookup(mesh)
+    if not backend.place.is_global(tensor):
         got = type(tensor).__name__
         if isinstance(tensor, torch.Tensor):
             got = f"a tensor on {tensor.device}"
@@ -54,11 +54,11 @@ def layout_of_tensor(tensor: Any) -> ShardingLayout:
         )
     shape = tuple(int(n) for n in tensor.shape)
     topo = current_topology(mesh)
-    if backend.is_sharded(tensor):
-        pairs = [(s.device, s.ranges) for s in backend.local_shards([tensor])[0]]
+    if backend.read.is_sharded(tensor):
+        pairs = [(s.device, s.ranges) for s in backend.read.local_shards([tensor])[0]]
     else:
         whole = tuple((0, n) for n in shape)
-        pairs = [(d, whole) for d in backend.local_devices(mesh)]
+        pairs = [(d, whole) for d in backend.place.local_devices(mesh)]
     blocks = tuple(
         LayoutBlock(d, topo.device_process[d], r) for d, r in sorted(pairs, key=lambda p: p[0])
     )

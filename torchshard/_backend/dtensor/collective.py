@@ -40,7 +40,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from torchshard._backend._torch_private import default_store, set_group_timeout
+from torchshard._backend.dtensor._torch_private import default_store, set_group_timeout
 from torchshard._core.agreement import digest
 from torchshard._core.errors import CollectiveError
 
@@ -170,9 +170,8 @@ class _Session:
         the ranks that are not in the call, or that did not report within ``GRACE``."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         timed_out = "timeout" in cause.lower() or "timed out" in cause.lower()
-        head = (
-            f"{what}: torchshard's collective (call #{n} on rank {self.rank}) "
-            + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
+        head = f"{what}: torchshard's collective (call #{n} on rank {self.rank}) " + (
+            f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})"
         )
         try:
             fail = f"{self.prefix}fail/{stream}/{n}/"
@@ -190,9 +189,7 @@ class _Session:
                 deadline = time.monotonic() + min(GRACE, self.timeout)
                 quiet = [q for q in range(self.world) if q != self.rank]
                 while quiet and time.monotonic() < deadline:
-                    quiet = [
-                        q for q in quiet if not self.store.check([f"{fail}{q}"])
-                    ]
+                    quiet = [q for q in quiet if not self.store.check([f"{fail}{q}"])]
                     if quiet:
                         time.sleep(0.05)
                 for q in quiet:

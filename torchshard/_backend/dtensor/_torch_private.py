@@ -66,3 +66,10 @@ def default_store() -> Any:
 def set_group_timeout(timeout: Any, group: Any) -> None:
     """Sets ``group``'s timeout (a ``timedelta``)."""
     _c10d._set_pg_timeout(timeout, group)
+
+
+def local_offset(x: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The local shape and global offset of this rank's block of the DTensor ``x``: DTensor's
+    own (``local_shape_and_offset``), which knows its sequential splitting of uneven and
+    ``_StridedShard`` layouts."""
+    return local_shape_and_offset(x.shape, x.device_mesh, x.placements)

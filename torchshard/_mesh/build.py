@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._backend import backend_by_name
-from torchshard._core.mesh import Mesh
-from torchshard._core.topology import current_topology
+from torchshard._backend.registry import lookup
+from torchshard._mesh.context import current_topology
+from torchshard._mesh.mesh import Mesh
 
 MeshShape = Sequence[int]
 
@@ -148,9 +148,9 @@ def create_device_mesh(
     """
     if not isinstance(mesh_shape, HybridMeshShape):
         mesh_shape = _checked_shape(mesh_shape, "create_device_mesh: mesh_shape")
-    runtime = backend_by_name(backend)
+    runtime = lookup(backend)
     # The named backend's devices (or their emulation), whatever the default backend is.
-    topology = current_topology(backend=backend, of=runtime)
+    topology = current_topology(backend=backend)
     ids = (
         np.arange(topology.device_count)
         if devices is None
@@ -166,7 +166,7 @@ def create_device_mesh(
                 "given; a mesh must cover every device."
             )
         grid = _split_over_hosts(shape, ids, topology.device_process)
-    return runtime.create_mesh(np.asarray(grid, dtype=np.int64), tuple(axis_names))
+    return Mesh.of(runtime.meshes.create(np.asarray(grid, dtype=np.int64), tuple(axis_names)))
 
 
 def _granules(ids: np.ndarray, device_process: Sequence[int]) -> list[list[int]]:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from torchshard._backend.device import MeshDevice
+from torchshard._backend.dtensor.device import MeshDevice
 
 ALIGN = 64  # bytes: every block starts at a multiple of this (any dtype's alignment)
 SLOTS = 2  # batches in flight in the staging ring: one being filled, one being copied

@@ -1,37 +1,38 @@
 """Host -> global: ``host_to_global_array``, its deprecated alias, and ``host_to_global_specs``.
 
-Data flow of ``host_to_global_array`` (the engine is ``_engine.py``): the current mesh, its
-backend and topology; ``read`` flattens this host's tree; the backend's agreement step
-(DTensor: one 8-byte all-gather; torch_xla: nothing); ``plan`` validates and plans every leaf
-(or finds the call's plans kept from an earlier call); ``place`` hands one view per local device
-to the backend. Nothing moves before every leaf is validated.
+Data flow of ``host_to_global_array``: the current mesh, its backend and topology; the call
+(``call.py``) of this host's tree; the backend's agreement step (DTensor: one store exchange,
+overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from an earlier
+call, else validated and planned by ``validate.py``); ``place.py`` hands one view per local
+device to the backend. Nothing moves before every leaf is validated.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchshard._backend import backend_by_name, get_backend
+from torchshard._backend.registry import lookup
 from torchshard._core.agreement import value_check_enabled
+from torchshard._core.context import current_mesh, require_mesh
 from torchshard._core.deprecation import warn_once
-from torchshard._core.errors import ShardingError, at
-from torchshard._core.mesh import current_mesh, require_mesh
+from torchshard._core.errors import ShardingError
+from torchshard._core.mesh import topology_of
 from torchshard._core.partition import DEFAULT_PARTITION
-from torchshard._core.plan import given_global_shape, infer_global_shape
-from torchshard._core.sharding import NamedSharding, dim_axes
+from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tensor_spec import TensorSpec
-from torchshard._core.topology import current_topology
+from torchshard._core.topology import emulated
 from torchshard._core.tree import flatten, paths, unflatten
-from torchshard._engine import (
-    HostCall,
+from torchshard._place.call import HostCall
+from torchshard._place.host_data import check_supported_dtype, shape_dtype
+from torchshard._place.place import to_global
+from torchshard._place.validate import (
     check_full_batch,
     global_shapes,
+    plan_leaf,
     spec_tree_of,
     specs_for,
-    to_global,
 )
-from torchshard._host_data import check_supported_dtype, shape_dtype
 
 
 def warn_partition_type(partition: Any, *, stacklevel: int) -> None:
@@ -93,8 +94,8 @@ def host_to_global_array(
     mesh = current_mesh()
     if mesh is None:
         require_mesh("host_to_global_array")  # raises NoMeshError
-    backend = backend_by_name(mesh.backend)
-    topology = current_topology(mesh, of=backend)
+    backend = lookup(mesh)
+    topology = emulated(mesh.backend) or backend.place.topology()
     if len(topology.data_hosts) != 1:
         raise ShardingError(
             f"host_to_global_array inside virtual_hosts({topology.process_count}) has only this "
@@ -107,7 +108,10 @@ def host_to_global_array(
     # The agreement step overlaps planning and placement (no collective there; DTensor's
     # from_local is local): its end runs first on failure too, so a disagreement is the error
     # every process raises, whatever failed locally.
-    agreed = backend.agree_begin(mesh, call, what="host_arrays")
+    checks = backend.processes
+    if checks is None:  # a runtime without cross-process checks (torch_xla)
+        return to_global(mesh, backend, topology, call)
+    agreed = checks.agree_begin(mesh, call, what="host_arrays")
     try:
         out = to_global(mesh, backend, topology, call)
     except BaseException:
@@ -115,7 +119,7 @@ def host_to_global_array(
         raise
     agreed()
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
-        backend.check_values(mesh, out, argname="host_arrays", what="host_arrays")
+        checks.check_values(mesh, out, argname="host_arrays", what="host_arrays")
     return out
 
 
@@ -152,8 +156,8 @@ def host_to_global_specs(
         (8, 2)
     """  # noqa: E501
     mesh = require_mesh("host_to_global_specs")
-    backend = get_backend(mesh)
-    topology = current_topology(mesh)
+    backend = lookup(mesh)
+    topology = topology_of(mesh)
     warn_partition_type(partition, stacklevel=1)
     spec_tree, full = spec_tree_of(partition)
     # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
@@ -169,20 +173,10 @@ def host_to_global_specs(
     if full:
         check_full_batch(where, [s for s, _ in shapes_dtypes])
     out = []
-    for (shape, dtype), path, spec, known in zip(
-        shapes_dtypes, where, specs, given, strict=True
-    ):
-        axes = dim_axes(mesh, spec, len(shape), where=path)
-        try:
-            if known is None:
-                found = infer_global_shape(mesh, spec, axes, shape, topology.device_process)
-            else:
-                given_global_shape(mesh, spec, axes, shape, known, topology.device_process)
-                found = known
-            backend.check_layout(mesh, axes)
-        except ShardingError as e:
-            raise type(e)(at(path, str(e))) from None
-        out.append(TensorSpec(found, dtype, NamedSharding(mesh, spec)))
+    for (shape, dtype), path, spec, known in zip(shapes_dtypes, where, specs, given, strict=True):
+        # The plan of the leaf, for no device: the same validation and global shape as placing.
+        p = plan_leaf(mesh, backend, spec, shape, known, topology, (), path)
+        out.append(TensorSpec(p.global_shape, dtype, NamedSharding(mesh, spec)))
     return unflatten(treespec, out)
 
 

@@ -1,0 +1,271 @@
+"""What a runtime implements for torchshard: a ``Backend`` is a record of a few protocols.
+
+Every backend implements the four that every runtime has:
+
+- ``Placement``: the devices and their owners, and global tensors made from one CPU block per
+  local device;
+- ``ReadBack``: a global tensor's local blocks with their global ranges, or its whole value;
+- ``InStep``: in-step annotations and the two primitives of in-step dispatch;
+- ``Meshes``: the runtime's own mesh objects, and the runtime's current mesh.
+
+A backend implements the other three only when its runtime has what they describe; the
+record holds ``None`` otherwise, and the callers skip the step (nothing is a no-op member):
+
+- ``LayoutLimits``: shardings the runtime cannot express (DTensor; torch_xla expresses every
+  spec torchshard accepts);
+- ``ProcessChecks``: cheap collectives outside a step, which compare what the processes pass
+  (DTensor; torch_xla has none);
+- ``DeviceThreads``: a current device per thread and copy streams to fence (DTensor on an
+  accelerator; torch_xla places through its runtime).
+
+Everything above this boundary (specs, meshes, index maths, tree handling, validation, global
+shape inference, which host slice goes to which device) is backend-independent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from torchshard._core.mesh import Mesh
+    from torchshard._core.sharding import DimAxes
+    from torchshard._core.topology import Topology
+
+MakeGlobal = Callable[[list["torch.Tensor"]], "torch.Tensor"]
+
+
+class LocalShard(NamedTuple):
+    """One device's block of a global tensor, as read back on its host."""
+
+    device: int
+    ranges: tuple[tuple[int, int], ...]  # the global [start, stop) per dimension
+    data: torch.Tensor  # exactly the block (padding removed), on the CPU
+
+
+class AgreementCall(Protocol):
+    """What ``ProcessChecks.agree_begin`` compares between the processes: a call, described
+    on demand."""
+
+    def describe(self) -> list[str]:
+        """One line for the structure and partition, then one ``"(shape) dtype"`` per leaf."""
+        ...
+
+    def path(self, i: int) -> str:
+        """Leaf ``i``'s path (for the error)."""
+        ...
+
+
+class Placement(Protocol):
+    """The devices of a run, and global tensors made from host blocks."""
+
+    def topology(self) -> Topology:
+        """The devices of the run, their owning processes, and this process's index."""
+        ...
+
+    def local_devices(self, mesh: Mesh) -> Sequence[int]:
+        """This process's device ids, in the order ``make_global`` takes their shards."""
+        ...
+
+    def is_global(self, x: Any) -> bool:
+        """Whether ``x`` is a global tensor of this backend."""
+        ...
+
+    def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        """Each local device's global ``[start, stop)`` per dimension of the global tensor
+        ``x``, without copying data (``None``: ``x`` holds no value layout, e.g. DTensor's
+        partial sums). ``host_to_global_array`` compares it with a spec's."""
+        ...
+
+    def make_global(
+        self,
+        mesh: Mesh,
+        axes: DimAxes,
+        global_shape: tuple[int, ...],
+        shards: Sequence[torch.Tensor],
+        *,
+        background: bool = False,
+    ) -> torch.Tensor:
+        """A global tensor from one CPU block per local device (``local_devices`` order).
+
+        ``background``: the caller is a helper thread (``GlobalBatchLoader``'s) running next to
+        the training step's Python; prefer a transfer that lets other Python threads run (for
+        torch_xla: one that releases the GIL) over the fastest single-threaded one.
+        """
+        ...
+
+    def global_maker(self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]) -> MakeGlobal:
+        """``make_global`` (foreground) with everything but the shards bound, for a call that
+        is repeated (placement keeps it with the call's plan)."""
+        ...
+
+
+class ReadBack(Protocol):
+    """Global tensors back on the host."""
+
+    def is_sharded(self, x: torch.Tensor) -> bool:
+        """Whether the global tensor ``x`` carries a sharding (False: the runtime holds it
+        whole on every device, e.g. an XLA tensor moved with ``.to()`` and never annotated;
+        ``local_shards`` then has nothing to report). Runs ``x``'s pending computation."""
+        ...
+
+    def local_shards(self, tensors: Sequence[torch.Tensor]) -> list[list[LocalShard]]:
+        """For each global tensor, the blocks held by this process's devices (one that carries
+        no sharding, see ``is_sharded``, is whole on every local device)."""
+        ...
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The full value of a global tensor on the host (may run a collective)."""
+        ...
+
+
+class InStep(Protocol):
+    """What a step does with global tensors: annotations and dispatch's two primitives."""
+
+    keeps_unconstrained_dims: bool
+    """Whether ``annotate`` can leave single dimensions as they are (``keep``): DTensor keeps
+    their placements; torch_xla's OpSharding has no unspecified dimensions."""
+
+    def annotate(
+        self, x: torch.Tensor, mesh: Mesh, axes: DimAxes, *, keep: frozenset[int] = frozenset()
+    ) -> torch.Tensor:
+        """``x`` constrained to the sharding ``axes`` on ``mesh`` inside a step.
+
+        Returns a new tensor with ``x``'s value; ``x`` itself (its data, its annotation) is
+        left as it was, whatever sharding it already carries. ``axes`` has one entry per
+        dimension of ``x`` and has been validated against ``mesh`` by the caller. Callers must
+        use the result (DTensor redistributes into a new tensor). The dimensions in ``keep``
+        (``maybe_shard``'s ``UNCONSTRAINED`` entries; their ``axes`` are ``()``) keep the
+        sharding ``x`` has, where the backend can say so (``keeps_unconstrained_dims``).
+        Raises ``ShardingError`` for a sharding the backend cannot apply to ``x``.
+        """
+        ...
+
+    def full_local(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole value of a small global tensor (a dispatch key), as a tensor that index
+        maths in the step can combine with tensors made by ``torch.arange``/``zeros``.
+
+        torch_xla: ``x`` itself (the maths is traced into the step; the compiler moves what it
+        needs). DTensor: ``full_tensor()``, a plain tensor equal on every rank (an all-gather of
+        the key only). A tensor of no backend is returned as it is.
+        """
+        ...
+
+    def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``out[l] = x[index[l]]`` along dim 0, for a global ``x`` and an ``index`` from
+        ``full_local`` (the same on every process). The result is sharded like ``x``."""
+        ...
+
+
+class Meshes(Protocol):
+    """The runtime's own mesh objects, and its current mesh."""
+
+    def from_native(self, native: Any) -> Mesh:
+        """The ``Mesh`` value of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``)."""
+        ...
+
+    def native(self, mesh: Mesh) -> Any:
+        """``mesh`` as the runtime's own mesh object."""
+        ...
+
+    def create(self, grid: Any, axis_names: tuple[str, ...]) -> Mesh:
+        """A mesh value of this backend over the device-id ``grid`` (``create_device_mesh``);
+        may be collective (DTensor builds its ``DeviceMesh``: every process must call it)."""
+        ...
+
+    def make_current(self, mesh: Mesh | None) -> None:
+        """``mesh`` became the current mesh of the program (``with mesh:``; ``None``: no mesh
+        of this backend is current any more). torch_xla sets its global mesh; DTensor builds
+        the mesh's ``DeviceMesh`` (collective) on the program's thread."""
+        ...
+
+
+class LayoutLimits(Protocol):
+    """Shardings a runtime cannot express."""
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        """Raises ``ShardingError`` (without a tree path) when this backend cannot express the
+        sharding ``axes`` on ``mesh``. Called while planning, before anything moves."""
+        ...
+
+
+class ProcessChecks(Protocol):
+    """Cheap, bounded collectives outside a step, comparing what the processes pass."""
+
+    def prepare(self, mesh: Mesh) -> None:
+        """Runs, on the calling thread, the set-up collectives later calls on ``mesh`` need
+        (DTensor: its ``DeviceMesh`` and the agreement group), so that a helper thread (a
+        loader's) never runs one. Called by a loader's ``iter()``."""
+        ...
+
+    def compares(self, mesh: Mesh) -> bool:
+        """Whether the processes are compared now (more than one process, the check on)."""
+        ...
+
+    def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
+        """The agreement step in two halves: starts comparing the processes'
+        ``call.describe()`` and returns its end, which raises ``ProcessDisagreementError`` (on
+        every process) when they differ. Between them the caller may run only work that
+        issues no collective and whose failure is local (``host_to_global_array``'s plan and
+        DTensor's ``from_local``), so that it overlaps the wait for the other processes; the
+        end must be called also when that work failed (its error is raised after the end's).
+
+        A collective: every process calls it the same number of times, in the same order, on
+        the thread that runs the program (never a helper thread, whose progress differs from
+        process to process). ``what`` names the call in the error (``host_arrays``,
+        ``GlobalBatchLoader: batch 7``). A no-op end unless ``compares``."""
+        ...
+
+    def exchange(
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+    ) -> list[list[str]] | None:
+        """Every process's ``items`` when they differ, ``None`` when they agree (or when
+        ``compares`` is False): the collective behind ``agree_begin``, for callers that
+        describe more than a call (a loader's batch outcome). ``what`` names the call: it is
+        compared too (processes in different calls are out of step), and a process that does
+        not answer within the default group's timeout makes a ``CollectiveError`` naming it."""
+        ...
+
+    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
+        """The opt-in value check (``set_value_check``): raises ``ProcessDisagreementError`` on
+        every process when processes whose blocks of a global tensor in ``tree`` cover the same
+        ranges passed different values. A collective like ``agree_begin``."""
+        ...
+
+
+class DeviceThreads(Protocol):
+    """A current device per thread, and copies to fence."""
+
+    def bind_thread(self, mesh: Mesh) -> None:
+        """Called first on a helper thread that will place data on ``mesh`` (a loader's): makes
+        this process's device of ``mesh`` current there (the current device is per thread;
+        torch's pin-memory thread does the same)."""
+        ...
+
+    def fence(self) -> Callable[[], None] | None:
+        """Ends the batch of copies the calling thread started (``make_global(background=
+        True)``) and returns its hand-off: called on the consumer's thread, it makes that
+        thread's stream wait for these copies only. ``None`` when there is nothing to wait for
+        (a CPU mesh)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Backend:
+    """A runtime, as torchshard sees it: its name and the protocols it implements.
+
+    ``limits``, ``processes`` and ``threads`` are ``None`` when the runtime has nothing they
+    describe (torch_xla: all three).
+    """
+
+    name: str
+    place: Placement
+    read: ReadBack
+    step: InStep
+    meshes: Meshes
+    limits: LayoutLimits | None = None
+    processes: ProcessChecks | None = None
+    threads: DeviceThreads | None = None

@@ -1,0 +1,221 @@
+"""Host data: the leaves a call may pass (numpy arrays, CPU tensors), their validation, and their
+zero-copy conversion to CPU tensors.
+
+``is_host_tensor`` is the one predicate for a leaf that is used as it is (a plain, dense CPU
+tensor of a supported dtype that needs no grad and has no names): the plan cache keys on it,
+and ``as_host_tensor`` returns such a leaf without looking further.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from torchshard._core import checks
+from torchshard._core.errors import at
+from torchshard._core.tree import register_array_type
+
+if TYPE_CHECKING:
+    from collections.abc import Container
+
+    from torchshard._place.call import HostCall
+
+# Tensors are leaves: a batch dict of them flattens from its keys (``_core/tree.flatten``).
+register_array_type(torch.Tensor)
+
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+_NP_SUPPORTED = frozenset(
+    np.dtype(t)
+    for t in (
+        np.bool_,
+        np.uint8,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
+    )
+)
+
+
+MASKED_ARRAY = (
+    "expected a plain numpy array, but got a numpy masked array, whose mask would be lost "
+    "(only its data would move). Pass x.filled(fill_value), and the mask as a leaf of its own "
+    "(np.ma.getmaskarray(x)) if the step needs it."
+)
+
+
+# Named tensors (and `Tensor.has_names`) are in torch 2.9.0 and gone in 2.13.0, 2.14.1, 2.15.0.
+HAS_NAMED_TENSORS = hasattr(torch.Tensor, "has_names")
+_STRIDED = torch.strided
+
+
+def has_names(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a named tensor (never, on a torch without named tensors)."""
+    return HAS_NAMED_TENSORS and x.has_names()
+
+
+def is_host_tensor(x: Any) -> bool:
+    """Whether ``x`` is used as it is: a plain (not a subclass), dense CPU tensor of a
+    supported dtype that needs no grad and has no names."""
+    return (
+        type(x) is torch.Tensor
+        and x.is_cpu
+        and not x.requires_grad
+        and x.dtype in _SUPPORTED
+        and x.layout is _STRIDED
+        and not (HAS_NAMED_TENSORS and x.has_names())
+    )
+
+
+def _dtype_names() -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+
+
+def as_host_tensor(x: Any, where: str) -> torch.Tensor:
+    """``x`` as a CPU tensor sharing its memory; raises ``TypeError`` naming ``where``."""
+    if is_host_tensor(x):
+        return x
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise TypeError(
+                at(
+                    where,
+                    f"expected a host array (numpy array or CPU torch.Tensor), but got a "
+                    f"tensor on device {x.device}. Global tensors are read back with "
+                    "global_to_host_array.",
+                )
+            )
+        if x.dtype not in _SUPPORTED:
+            raise TypeError(
+                at(where, f"dtype {x.dtype} is not supported; expected one of {_dtype_names()}.")
+            )
+        if x.layout is not _STRIDED:
+            raise TypeError(
+                at(
+                    where,
+                    f"expected a dense (strided) tensor, but got a tensor of layout "
+                    f"{x.layout}; global tensors are dense: pass x.to_dense().",
+                )
+            )
+        if has_names(x):
+            raise TypeError(
+                at(
+                    where,
+                    f"expected a tensor without dimension names, but got one named "
+                    f"{x.names}; named tensors are not supported: pass x.rename(None).",
+                )
+            )
+        return x.detach() if x.requires_grad else x
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(at(where, f"{MASKED_ARRAY}"))
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.asarray(x)
+        if arr.dtype.newbyteorder("=") not in _NP_SUPPORTED:
+            raise TypeError(
+                at(
+                    where,
+                    f"numpy dtype {arr.dtype} is not supported; expected one of "
+                    f"{_dtype_names()} (bfloat16 as a torch.Tensor). Strings and objects must be "
+                    "encoded as numbers on the host.",
+                )
+            )
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        if not arr.flags.writeable or any(st < 0 for st in arr.strides):
+            # torch.from_numpy warns on read-only memory and refuses negative strides.
+            arr = arr.copy()
+        return torch.from_numpy(arr)
+    raise TypeError(
+        at(
+            where,
+            f"expected a numpy array or a CPU torch.Tensor, but got {type(x).__name__}"
+            f" ({x!r:.60}). Wrap Python numbers with np.asarray(...) or torch.tensor(...).",
+        )
+    )
+
+
+def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:
+    """The shape and dtype of an array-like spec leaf (``TensorSpec`` or ``.shape``/``.dtype``).
+
+    Raises ``TypeError`` naming ``where`` unless the shape is a sequence of ints (fractional
+    sizes are not truncated) and the dtype a dtype; ``ValueError`` for a negative size.
+    """
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is None or dtype is None:
+        raise TypeError(
+            at(
+                where,
+                f"expected a TensorSpec or an object with .shape and .dtype, but got "
+                f"{type(x).__name__}.",
+            )
+        )
+    dims = checks.shape(shape, where)
+    if not is_dtype(dtype):
+        raise TypeError(
+            at(
+                where,
+                f"expected a dtype (a torch.dtype, a numpy dtype or a numpy scalar type), "
+                f"but got {dtype!r} of type {type(dtype).__name__}; write e.g. torch.float32 or "
+                "np.dtype('float32').",
+            )
+        )
+    return dims, dtype
+
+
+def is_dtype(dtype: Any) -> bool:
+    """Whether ``dtype`` is a torch dtype, a numpy dtype or a numpy scalar type."""
+    return isinstance(dtype, (torch.dtype, np.dtype)) or (
+        isinstance(dtype, type) and issubclass(dtype, np.generic)
+    )
+
+
+def check_supported_dtype(dtype: Any, where: str) -> None:
+    """Raises ``TypeError`` naming ``where`` unless ``host_to_global_array`` takes ``dtype``
+    (a dtype, as ``shape_dtype`` checks)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _SUPPORTED:
+            raise TypeError(
+                at(where, f"dtype {dtype} is not supported; expected one of {_dtype_names()}.")
+            )
+    elif np.dtype(dtype).newbyteorder("=") not in _NP_SUPPORTED:
+        raise TypeError(
+            at(
+                where,
+                f"numpy dtype {np.dtype(dtype)} is not supported; expected one of "
+                f"{_dtype_names()} (bfloat16 as a torch.Tensor).",
+            )
+        )
+
+
+def host_tensors(call: HostCall, done: Container[int] = ()) -> list[list[torch.Tensor]]:
+    """Every host's leaves of ``call`` as CPU tensors (numpy zero-copy); ``TypeError`` naming
+    the path. The leaves in ``done`` (already global) stay as they are."""
+    return [
+        [
+            x if i in done or is_host_tensor(x) else as_host_tensor(x, paths[i])  # paths: lazy
+            for i, x in enumerate(leaves)
+        ]
+        for leaves, paths in zip(call.leaves, call.paths, strict=True)
+    ]
