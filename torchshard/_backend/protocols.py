@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torchshard._core.sharding import DimAxes
     from torchshard._core.topology import Topology
 
-MakeGlobal = Callable[[list["torch.Tensor"]], "torch.Tensor"]
+MakeGlobal = Callable[[Sequence["torch.Tensor"]], "torch.Tensor"]
 
 
 class LocalShard(NamedTuple):
@@ -66,8 +66,10 @@ class Placement(Protocol):
         """The devices of the run, their owning processes, and this process's index."""
         ...
 
-    def local_devices(self, mesh: Mesh) -> Sequence[int]:
-        """This process's device ids, in the order ``make_global`` takes their shards."""
+    def local_devices(self, mesh: Mesh | None) -> Sequence[int]:
+        """This process's device ids, in the order ``make_global`` takes their shards (on
+        ``mesh``; ``None``: outside any mesh, as ``visualize_sharding`` asks for a tensor the
+        runtime holds unsharded)."""
         ...
 
     def is_global(self, x: Any) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ def _register_dataclass(cls: type) -> None:
     def flatten(obj: Any) -> tuple[list[Any], tuple[str, ...], tuple[str, ...]]:
         return [getattr(obj, n) for n in names], names, names
 
-    def unflatten(meta: tuple[str, ...], children: Any) -> Any:
+    def unflatten(meta: Any, children: Iterable[Any]) -> Any:  # meta: flatten's names
         return cls(**dict(zip(meta, children, strict=True)))
 
     optree.register_pytree_node(

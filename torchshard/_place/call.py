@@ -18,6 +18,7 @@ from torchshard._core.topology import Topology
 from torchshard._core.tree import LazyPaths, flatten
 
 if TYPE_CHECKING:
+    import optree
     import torch
 
     from torchshard._core.blocks import HostPlan, SharedBlock
@@ -55,7 +56,7 @@ class HostCall:
         if len(trees) == 1:  # the common case, without the generic bookkeeping
             leaves, treespec = flatten(trees[0])
             self.leaves = [leaves]
-            self.treespecs = (treespec,)
+            self.treespecs: tuple[optree.PyTreeSpec, ...] = (treespec,)
         else:
             flat = [flatten(t) for t in trees]
             self.leaves = [f[0] for f in flat]

@@ -8,7 +8,8 @@ and ``as_host_tensor`` returns such a leaf without looking further.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -65,14 +66,22 @@ MASKED_ARRAY = (
 )
 
 
-# Named tensors (and `Tensor.has_names`) are in torch 2.9.0 and gone in 2.13.0, 2.14.1, 2.15.0.
-HAS_NAMED_TENSORS = hasattr(torch.Tensor, "has_names")
+# Named tensors (and `Tensor.has_names`) are in torch 2.9.0 and gone in 2.13.0, 2.14.1, 2.15.0
+# (from their types too): the method is looked up once, None on a torch without them.
+_HAS_NAMES: Callable[[torch.Tensor], bool] | None = getattr(torch.Tensor, "has_names", None)
+HAS_NAMED_TENSORS = _HAS_NAMES is not None
 _STRIDED = torch.strided
+
+
+class _NamedTensor(Protocol):
+    """A named tensor's ``names`` (torch 2.9; the attribute is gone from later torch)."""
+
+    names: tuple[str | None, ...]
 
 
 def has_names(x: torch.Tensor) -> bool:
     """Whether ``x`` is a named tensor (never, on a torch without named tensors)."""
-    return HAS_NAMED_TENSORS and x.has_names()
+    return _HAS_NAMES is not None and _HAS_NAMES(x)
 
 
 def is_host_tensor(x: Any) -> bool:
@@ -84,7 +93,7 @@ def is_host_tensor(x: Any) -> bool:
         and not x.requires_grad
         and x.dtype in _SUPPORTED
         and x.layout is _STRIDED
-        and not (HAS_NAMED_TENSORS and x.has_names())
+        and not (_HAS_NAMES is not None and _HAS_NAMES(x))
     )
 
 
@@ -123,7 +132,8 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
                 at(
                     where,
                     f"expected a tensor without dimension names, but got one named "
-                    f"{x.names}; named tensors are not supported: pass x.rename(None).",
+                    f"{cast(_NamedTensor, x).names}; named tensors are not supported: pass "
+                    "x.rename(None).",
                 )
             )
         return x.detach() if x.requires_grad else x

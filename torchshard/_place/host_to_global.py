@@ -93,7 +93,7 @@ def host_to_global_array(
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     mesh = current_mesh()
     if mesh is None:
-        require_mesh("host_to_global_array")  # raises NoMeshError
+        mesh = require_mesh("host_to_global_array")  # raises NoMeshError
     backend = lookup(mesh)
     topology = emulated(mesh.backend) or backend.place.topology()
     if len(topology.data_hosts) != 1:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import torch
 
 from torchshard._backend.protocols import Backend, MakeGlobal
+from torchshard._core.blocks import HostPlan
 from torchshard._core.mesh import Mesh
 from torchshard._core.topology import Topology
 from torchshard._core.tree import unflatten
@@ -49,6 +50,11 @@ def bind(backend: Backend, mesh: Mesh, planned: CallPlan) -> Bound:
     if len(planned.slot) == 1:
         placers = [one_host_placer(p, m) for p, m in zip(planned.plans, makers, strict=True) if p]
     return Bound(makers, placers)
+
+
+def _all_planned(plans: list[HostPlan | None]) -> TypeGuard[list[HostPlan]]:
+    """Whether every leaf has its plan (none is already global)."""
+    return all(p is not None for p in plans)
 
 
 def place(
@@ -82,27 +88,28 @@ def place(
     slot = planned.slot
     per_leaf = [list(t) for t in zip(*hosts, strict=True)]
     make_global = backend.place.make_global
-    if any(p is None for p in planned.plans):  # leaves already global (never cached)
+    plans = planned.plans
+    if not _all_planned(plans):  # leaves already global (never cached)
         out = [
             per[0]
             if p is None
             else make_global(
                 mesh, p.axes, p.global_shape, device_shards(p, per, slot), background=background
             )
-            for per, p in zip(per_leaf, planned.plans, strict=True)
+            for per, p in zip(per_leaf, plans, strict=True)
         ]
         return unflatten(call.treespec, out)
     if bound is not None and not background:
         out = [
             make(device_shards(p, per, slot))
-            for per, p, make in zip(per_leaf, planned.plans, bound.makers, strict=True)
+            for per, p, make in zip(per_leaf, plans, bound.makers, strict=True)
         ]
     else:
         if background:
             make_global = functools.partial(make_global, background=True)
         out = [
             make_global(mesh, p.axes, p.global_shape, device_shards(p, per, slot))
-            for per, p in zip(per_leaf, planned.plans, strict=True)
+            for per, p in zip(per_leaf, plans, strict=True)
         ]
     return unflatten(call.treespec, out)
 

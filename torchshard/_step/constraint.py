@@ -20,7 +20,7 @@ from torchshard._backend.registry import lookup
 from torchshard._core.context import current_mesh
 from torchshard._core.errors import ShardingError, at
 from torchshard._core.mesh import Mesh
-from torchshard._core.sharding import dim_axes
+from torchshard._core.sharding import DimAxes, dim_axes
 from torchshard._core.spec import UNCONSTRAINED, PartitionSpec, as_partition_spec
 from torchshard._core.tree import LazyPaths, broadcast_prefix, flatten, unflatten
 from torchshard._place.validate import check_layout
@@ -113,7 +113,7 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
     leaves, treespec = flatten(x)
     specs = _specs_per_leaf(spec, x, len(leaves))
     where = LazyPaths(treespec, "x")
-    plan = []
+    plan: list[DimAxes | None] = []
     for i, (leaf, s) in enumerate(zip(leaves, specs, strict=True)):
         if s is None:
             plan.append(None)
@@ -139,9 +139,9 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
             raise type(e)(at(where[i], str(e))) from None
         plan.append(axes)
     out = []
-    for i, (leaf, axes) in enumerate(zip(leaves, plan, strict=True)):
+    for i, (leaf, planned) in enumerate(zip(leaves, plan, strict=True)):
         try:
-            out.append(leaf if axes is None else backend.step.annotate(leaf, mesh, axes))
+            out.append(leaf if planned is None else backend.step.annotate(leaf, mesh, planned))
         except ShardingError as e:  # e.g. a DTensor of another DeviceMesh
             raise type(e)(at(where[i], str(e))) from None
     return unflatten(treespec, out)

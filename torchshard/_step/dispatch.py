@@ -216,9 +216,9 @@ def row_targets_to_indices(
             twice = [i for i in wrong if counts[i] > 1]
             hint = ""
             if twice:
-                rows = torch.nonzero(targets.cpu() == twice[0]).reshape(-1).tolist()
+                at_rows = torch.nonzero(targets.cpu() == twice[0]).reshape(-1).tolist()
                 hint = (
-                    f" Logical index {twice[0]} is at physical rows {rows[:8]}: the feeds whose "
+                    f" Logical index {twice[0]} is at physical rows {at_rows[:8]}: the feeds whose "
                     "blocks hold those rows claim the same logical rows, as two hosts whose "
                     "InputDispatchers have the same physical_feed_index do. Give each host its "
                     "own physical_feed_index in [0, num_physical_feeds) (the default, "

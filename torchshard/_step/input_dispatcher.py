@@ -314,7 +314,8 @@ class InputDispatcher:
         if self.is_identity:
             return unflatten(treespec, leaves)
         self._check_root(logical_feed_batch, "logical_feed_batch")
-        padding_feed = self.logical_feed_index is None
+        feed_index = self.logical_feed_index
+        padding_feed = feed_index is None
         out = []
         for i, leaf in enumerate(leaves):
             if (padding_feed or fp > fl) and not _paddable(leaf.dtype):
@@ -328,8 +329,8 @@ class InputDispatcher:
             out.append(self._pad(leaf, padding_feed))
         batch = unflatten(treespec, out)
         targets = np.full(fp, -1, dtype=np.int64)
-        if not padding_feed:
-            targets[:fl] = self.logical_feed_index * fl + np.arange(fl)
+        if feed_index is not None:  # not padding_feed
+            targets[:fl] = feed_index * fl + np.arange(fl)
         batch[_KEY] = (
             torch.from_numpy(targets)
             if any(isinstance(x, torch.Tensor) for x in leaves)
@@ -357,6 +358,7 @@ class InputDispatcher:
 
     def _pad(self, leaf: Any, zeros: bool) -> Any:
         fl, fp = self.feed_logical_batch_size, self.feed_physical_batch_size
+        out: torch.Tensor | np.ndarray
         if isinstance(leaf, torch.Tensor):
             out = torch.zeros((fp, *leaf.shape[1:]), dtype=leaf.dtype)
         else:

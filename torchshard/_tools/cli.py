@@ -146,7 +146,7 @@ def _join_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> l
     """``--shape -16,8`` -> ``--shape=-16,8``: argparse takes ``-16,8`` for an option name
     and reports a missing value; joined, the value reaches the option's check, which names it.
     """
-    takes_value = set()
+    takes_value: set[str] = set()
     parsers = [parser]
     while parsers:
         p = parsers.pop()
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m torchshard")
     parser.add_argument("--version", action="version", version=f"torchshard {__version__}")
     _global_options(parser, suppress=False)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _global_options(common, suppress=True)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(

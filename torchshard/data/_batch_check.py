@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchshard._core.errors import IndivisibleError, ShardingError, TreeStructureError
+from torchshard._core.mesh import Mesh
 from torchshard._core.partition import complete_partition_spec_tree, input_partition_spec
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths
-from torchshard._mesh.mesh import Mesh
 from torchshard._step.dispatch import PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
 _FIX_SHAPES = (

@@ -18,9 +18,9 @@ from typing import Any
 from torchshard._backend.registry import lookup
 from torchshard._core.agreement import END, describe, failure
 from torchshard._core.errors import IndivisibleError, ShardingError
+from torchshard._core.mesh import Mesh
 from torchshard._core.tree import LazyPaths, flatten
 from torchshard._mesh.context import current_topology
-from torchshard._mesh.mesh import Mesh
 from torchshard._place.call import read
 from torchshard._place.place import to_global
 from torchshard.data._batch_check import (

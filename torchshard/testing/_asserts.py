@@ -17,6 +17,7 @@ import torch
 
 from torchshard._backend.protocols import Backend, LocalShard
 from torchshard._backend.registry import lookup
+from torchshard._core import mesh as value
 from torchshard._core.context import current_mesh
 from torchshard._core.errors import NoMeshError, at
 from torchshard._core.sharding import NamedSharding
@@ -104,19 +105,19 @@ def assert_sharded(
         ...
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's body
-    mesh = mesh if mesh is not None else current_mesh()
-    if mesh is None:
+    active: value.Mesh | None = mesh if mesh is not None else current_mesh()
+    if active is None:
         raise NoMeshError(
             "assert_sharded: no mesh was given and there is no current mesh in this thread; "
             "pass mesh=... or call it inside `with mesh:`."
         )
     spec = as_partition_spec(() if spec is None else spec)
-    backend = lookup(mesh)
+    backend = lookup(active)
     _check_global(backend, tensor, "assert_sharded", "tensor")
     shape = tuple(int(n) for n in tensor.shape)
-    sharding = NamedSharding(mesh, spec)
+    sharding = NamedSharding(active, spec)
     expected = {d: _as_ranges(i) for d, i in sharding.devices_indices_map(shape).items()}
-    where = f"tensor of shape {shape} is not sharded as {spec!r} on {mesh!r}"
+    where = f"tensor of shape {shape} is not sharded as {spec!r} on {active!r}"
     exp_summary = _split_summary(list(expected.values()), shape)
     whole = tuple((0, n) for n in shape)
     if not backend.read.is_sharded(tensor):
@@ -147,7 +148,7 @@ def assert_sharded(
         found = f"torch_xla holds it replicated: every device has the whole {shape} array"
     else:
         found = f"torch_xla holds {_split_summary(list(actual.values()), shape)}"
-    rows = [("device", "expected", "actual")]
+    rows: list[tuple[str, ...]] = [("device", "expected", "actual")]
     rows += [(str(d), format_ranges(expected[d]), format_ranges(actual[d])) for d in bad]
     lines = [
         f"{where}.",
@@ -157,8 +158,8 @@ def assert_sharded(
     ]
     if len(bad) > _MAX_ROWS:
         lines.append(f"  ... and {len(bad) - _MAX_ROWS} more devices")
-    if len(actual) < mesh.size:
-        lines.append(f"(compared this process's {len(actual)} of {mesh.size} devices)")
+    if len(actual) < active.size:
+        lines.append(f"(compared this process's {len(actual)} of {active.size} devices)")
     raise AssertionError("\n".join(lines))
 
 

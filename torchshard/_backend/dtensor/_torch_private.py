@@ -52,7 +52,7 @@ def is_strided_shard(p: Placement | Any) -> bool:
 
 
 def local_shape_and_offset(
-    global_shape: Sequence[int], mesh: DeviceMesh, placements: Sequence[Placement]
+    global_shape: tuple[int, ...], mesh: DeviceMesh, placements: Sequence[Placement]
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """This rank's local shape and global offset of a DTensor of ``global_shape``."""
     return _compute_local_shape_and_global_offset(global_shape, mesh, placements)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torchshard._backend.dtensor import collective, staging
 from torchshard._backend.dtensor import device as devices
 from torchshard._backend.dtensor import mesh as meshes
-from torchshard._backend.dtensor._torch_private import is_strided_shard, local_offset
+from torchshard._backend.dtensor._torch_private import StridedShard, is_strided_shard, local_offset
 from torchshard._backend.dtensor.checks import check_sizes, check_values, exchange_in_step, in_step
 from torchshard._backend.dtensor.collective import guarded
 from torchshard._backend.dtensor.mesh import (
@@ -94,7 +94,7 @@ def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _is_strided(p: Placement) -> bool:
+def _is_strided(p: Placement) -> TypeGuard[StridedShard]:
     # By type: `_StridedShard` is a `Shard` (equal to `Shard(dim)`) up to torch 2.13 and a
     # separate placement from torch 2.14 on (see _torch_private).
     return is_strided_shard(p)
@@ -142,7 +142,7 @@ def _keeping(
     )
 
 
-def _take_rows(x: DTensor, index: torch.Tensor) -> DTensor:
+def _take_rows(x: DTensor, index: torch.Tensor) -> torch.Tensor:
     """``out[l] = x[index[l]]`` along dim 0, sharded like ``x``; ``index`` is the same plain
     tensor on every rank.
 
@@ -218,7 +218,7 @@ class DTensorRuntime:
     def topology(self) -> Topology:
         return topology()
 
-    def local_devices(self, mesh: Mesh) -> Sequence[int]:
+    def local_devices(self, mesh: Mesh | None) -> Sequence[int]:
         require_process_group()
         return (dist.get_rank(),)
 
@@ -286,7 +286,7 @@ class DTensorRuntime:
             return []
         rank = dist.get_rank()
         locals_, ranges = [], []
-        for x in tensors:
+        for x in cast("Sequence[DTensor]", tensors):  # callers pass only is_global ones
             if any(p.is_partial() for p in x.placements):
                 with guarded("global_to_host_array: reducing a Partial placement"):
                     x = _without_partial(x)
@@ -302,6 +302,7 @@ class DTensorRuntime:
         return [[LocalShard(rank, r, h)] for r, h in zip(ranges, hosts, strict=True)]
 
     def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
+        x = cast(DTensor, x)  # callers pass only is_global ones
         if any(p.is_partial() for p in x.placements):
             return None  # partial sums: no layout of a value
         shape, offset = local_offset(x)
@@ -309,6 +310,7 @@ class DTensorRuntime:
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         what = "replicate_to_local_data"
+        x = cast(DTensor, x)  # callers pass only is_global ones
         if not all(p.is_replicate() for p in x.placements):
             check_sizes(x, what)  # before the collective, whatever the agreement switch says
         with guarded(f"{what}: gathering a tensor of shape {tuple(x.shape)}"):

@@ -77,7 +77,7 @@ def check_sizes(x: DTensor, what: str) -> None:
 def _checksum(t: torch.Tensor) -> str:
     """A 16-hex-digit blake2b of ``t``'s bytes (any dtype; bit patterns, so -0.0 != 0.0)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    data = flat.view(torch.uint8).numpy() if flat.numel() else b""
+    data = flat.view(torch.uint8).numpy().data if flat.numel() else b""  # a view, no copy
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
@@ -91,8 +91,8 @@ def check_values(tree: Any, argname: str, what: str) -> None:
             mine.append("-")
             continue
         shape, offset = local_offset(x)
-        ranges = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
-        mine.append(f"{ranges} {_checksum(x.to_local())}")
+        held = tuple((o, o + n) for o, n in zip(offset, shape, strict=True))
+        mine.append(f"{held} {_checksum(x.to_local())}")
     every = collective.gather_all(f"{what}: the value check", mine)
     if every is None:
         return

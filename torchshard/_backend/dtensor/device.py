@@ -18,8 +18,9 @@ Only torch; no ``torch.distributed`` (the caller passes the backend's name).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,8 +33,10 @@ CPU = "cpu"
 _HOST_ONLY = frozenset({"gloo", "mpi"})
 
 
-class MeshDevice(NamedTuple):
-    """This process's device of a mesh: its type and (for an accelerator) its index."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class MeshDevice:
+    """This process's device of a mesh: its type and (for an accelerator) its index (a value:
+    equal and hashed by both; not a tuple, whose ``index`` method the field would shadow)."""
 
     type: str
     index: int | None

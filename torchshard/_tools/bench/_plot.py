@@ -8,7 +8,7 @@ from torchshard._tools.bench._report import Report
 from torchshard._tools.bench.sweep import METHODS, NAME, label_bytes, size_label
 from torchshard._visualize.optional import require_matplotlib
 
-_STYLE = {
+_STYLE: dict[str, dict[str, Any]] = {
     "torchshard": {"color": "C0", "marker": "o", "linewidth": 2.2},
     "direct": {"color": "C1", "marker": "s", "linestyle": "--"},
     "to+mark_sharding": {"color": "C3", "marker": "^", "linestyle": "--"},

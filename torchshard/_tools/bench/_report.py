@@ -201,7 +201,9 @@ class Report:
 
     def figure_rows(self) -> list[tuple[str, ...]]:
         """Header and rows of the figure table."""
-        rows = [("bench", "case", "method", "value", "median", "spread", "unit")]
+        rows: list[tuple[str, ...]] = [
+            ("bench", "case", "method", "value", "median", "spread", "unit")
+        ]
         for f in self.figures:
             spread = "" if f.spread is None else f"{100 * f.spread:.0f}%"
             median = "" if f.median is None else f"{f.median:.4g}"
@@ -210,7 +212,7 @@ class Report:
 
     def ratio_rows(self) -> list[tuple[str, ...]]:
         """Header and rows of the ratio table."""
-        rows = [("bench", "case", "ratio", "value", "target")]
+        rows: list[tuple[str, ...]] = [("bench", "case", "ratio", "value", "target")]
         for r in self.ratios:
             target = ""
             if r.target is not None and self.verdicts:

@@ -195,7 +195,10 @@ def _worker() -> None:
                 finally:
                     ts.set_value_check(old)
 
-            methods = {"torchshard": checked, "torchshard unchecked": unchecked}
+            methods: dict[str, Callable[[], Any]] = {
+                "torchshard": checked,
+                "torchshard unchecked": unchecked,
+            }
             methods["torchshard + value check"] = values
             methods["from_local"] = direct
             diff = {

@@ -43,7 +43,7 @@ import torch
 
 from torchshard._backend.registry import lookup
 from torchshard._backend.xla import backend as xla
-from torchshard._core.context import current_mesh, thread_mesh
+from torchshard._core.context import current_mesh, require_mesh, thread_mesh
 from torchshard._mesh.context import current_topology
 from torchshard._place.call import read
 from torchshard._place.place import to_global
@@ -64,6 +64,8 @@ def transfer(batch: Any, spec: Any, background: bool, *_: Any) -> Any:
     """One batch through the engine, as the loader's thread (``background``) or the
     foreground transfers it (the agreement step left out, as on the loader's thread)."""
     mesh = current_mesh()
+    if mesh is None:
+        mesh = require_mesh("transfer")  # raises NoMeshError
     backend, topology = lookup(mesh), current_topology(mesh)
     call = read([batch], topology, spec, per_host=False)
     return to_global(mesh, backend, topology, call, background=background)
@@ -149,21 +151,21 @@ def gil_stall(transfer: Callable[[], Any], seconds: float) -> float:
 
 
 def transfer_figures(
-    report: Report, case: str, mesh: Any, make: Callable[[bool], Callable[[], Any]]
+    report: Report, case: str, mesh: Any, make: Callable[[bool], Callable[[bool], Any]]
 ) -> None:
     """The GIL stall a transfer thread inflicts, and one transfer's cost alone, for the
     loader's background transfer and the GIL-holding one (``make(background)`` transfers one
     batch)."""
     import torch_xla.core.xla_model as xm
 
-    def in_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def in_thread(fn: Callable[[bool], Any]) -> Callable[[], Any]:
         def call() -> Any:
             with thread_mesh(mesh):  # the mesh context is per thread
                 return fn(True)
 
         return call
 
-    def to_completion(fn: Callable[..., Any]) -> Callable[[], Any]:
+    def to_completion(fn: Callable[[bool], Any]) -> Callable[[], Any]:
         def call() -> Any:
             out = fn(True)
             xm.wait_device_ops()
