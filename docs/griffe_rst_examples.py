@@ -1,6 +1,6 @@
 """A griffe extension for the API reference: the docstrings' examples as code.
 
-torchshard's docstrings are Google style with doctest examples (``tests/test_docstrings.py``
+torchshard's docstrings are Google style with doctest examples (``tests/cross/test_docstrings.py``
 runs them). Their example headings carry a caption (``Example (2 hosts, 4 rows from each):``)
 and the examples that need several processes are reStructuredText literal blocks (a paragraph
 ending in ``::``). Griffe's Google parser knows neither: it would render ``>>>`` lines as

@@ -1,4 +1,4 @@
-"""Cases for ``test_cuda.py``: run on every rank of a pool whose process group is
+"""Cases for ``cross/test_cuda.py``: run on every rank of a pool whose process group is
 ``cpu:gloo,cuda:nccl`` with one GPU per rank (``_multiproc.py``). Each returns plain values:
 devices as strings, tensors moved to the CPU (the test process may not touch the GPU)."""
 

@@ -2,9 +2,9 @@
 
 Run by the gloo workers of ``_multiproc.py`` (``pool.run("_dtensor_dispatch_cases:name")``);
 pure torch, never torch_xla. Each function runs on every rank at once and returns plain,
-picklable values; ``tests/test_dtensor_dispatch.py`` asserts on them. The input builders
-(``feed_batch``, ``loader_dataset``, ``reference_loader_training``) are also used by the test
-process, for the torch_xla and single-process oracles.
+picklable values; ``tests/backend/dtensor/test_backend_dispatch.py`` asserts on them. The input
+builders (``feed_batch``, ``loader_dataset``, ``reference_loader_training``) are also used by the
+test process, for the torch_xla and single-process oracles.
 """
 
 from __future__ import annotations

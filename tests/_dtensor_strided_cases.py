@@ -4,7 +4,7 @@ Run by the gloo workers of ``_multiproc.py`` (``pool.run("_dtensor_strided_cases
 layout)``); pure torch. Each rank builds its block of a known global value with numpy (the
 oracle below applies the placements left to right, as DTensor defines them), wraps it with
 ``DTensor.from_local`` and reports what dispatch, a constraint and a read-back give, for
-``tests/test_dtensor_strided.py`` to compare with numpy indexing.
+``tests/backend/dtensor/test_torch_private.py`` to compare with numpy indexing.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ group over gloo (or the backend named by ``TORCHSHARD_TEST_PG``, e.g.
 ``cpu:gloo,cuda:nccl`` with one GPU per rank) on 127.0.0.1, then runs the cases the test
 process sends it, one at a time and in lockstep with the others (a case is a function of
 ``tests/_dtensor_cases.py``, or of another module of ``tests/`` named as
-``"module:function"``, which all ranks call together).
+``"module:function"``, which all ranks call together). The case modules live in ``tests/``
+itself, beside this file, whatever folder the test that runs them is in: a worker runs this
+file, so its ``sys.path[0]`` is ``tests/`` and the cases import by name.
 ``pool.run("case", **kwargs)`` returns one result per rank.
 
 Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``, or a pool's

@@ -10,12 +10,25 @@ the pure and DTensor tests run. ``-p no:torchshard`` (a real TPU) keeps the ini 
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import settings
 
 import torchshard as ts
 from torchshard._backend.xla.env import INSTALL_XLA, xla_installed
+
+# The test modules live in folders that mirror the package (tests/core/, tests/place/, ...) and
+# are imported by path (--import-mode=importlib, pyproject.toml), which leaves sys.path alone;
+# the helpers they share (helpers.py, data_helpers.py, sharding_oracle.py, strategies.py,
+# _multiproc.py and the gloo case modules) stay here, in tests/, imported by name. The gloo
+# workers find the case modules the same way: they run tests/_multiproc.py, whose folder is
+# their sys.path[0].
+HELPERS = str(pathlib.Path(__file__).resolve().parent)
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
 
 XLA = xla_installed()
 NO_XLA = f"needs torch_xla, which is not installed (`{INSTALL_XLA}`)"

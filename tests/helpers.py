@@ -17,8 +17,8 @@ import torch
 
 import torchshard as ts
 
-DATA = pathlib.Path(__file__).parent / "data"
-CONFORMANCE = DATA / "conformance"
+# The conformance vectors: data read by the cross-cutting suites, kept beside them.
+CONFORMANCE = pathlib.Path(__file__).parent / "cross" / "conformance"
 SHARED_CONFORMANCE = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "conformance"
 
 Ranges = tuple[tuple[int, int], ...]
@@ -39,7 +39,8 @@ DTYPES = [
 
 
 def load_conformance(name: str) -> dict[str, Any]:
-    """One conformance file (``index_maps`` or ``host_layouts``) from ``tests/data``."""
+    """One conformance file (``index_maps`` or ``host_layouts``), from ``tests/cross/conformance``
+    (the vectors are data, kept beside the suites that read them)."""
     with open(CONFORMANCE / f"{name}.json") as f:
         return json.load(f)
 

@@ -5,7 +5,7 @@ and left to the garbage collector), each batch ``{"x": [256, 512] f32, "y": [256
 (0.5 MB) on the ``(4, 2)`` mesh, consumed by a small step (a reduction, ``sync``). Measures the
 process's RSS (psutil) after a warm-up epoch and at the end, the loader threads left at the end,
 and the threads left once a finished epoch's parked thread has had time to expire
-(``_worker.PARK_SECONDS``; each epoch that ends by itself hands its thread to the next).
+(``_threads.PARK_SECONDS``; each epoch that ends by itself hands its thread to the next).
 Targets: RSS growth < 50 MB; no thread left.
 """
 
@@ -85,10 +85,10 @@ def run(report: Report) -> None:
         total.item()
     end_rss = _rss_mb()
     left = _loader_threads()
-    from torchshard.data import _worker
+    from torchshard.data import _threads
 
-    time.sleep(_worker.PARK_SECONDS + 0.5)  # the last epoch's parked thread expires
-    parked = [t for t in threading.enumerate() if t.name == _worker.PARKED_NAME]
+    time.sleep(_threads.PARK_SECONDS + 0.5)  # the last epoch's parked thread expires
+    parked = [t for t in threading.enumerate() if t.name == _threads.PARKED_NAME]
     growth = end_rss - warm_rss
     case = f"{done} batches, {epoch} epochs, [256,512] f32 (4,2)"
     report.figure(NAME, case, "RSS after warm-up", warm_rss, "MB")

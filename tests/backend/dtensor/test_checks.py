@@ -1,0 +1,114 @@
+"""The DTensor backend's checks across processes (torchshard._backend.dtensor.checks): the
+agreement step's exchange (processes out of step), the size check before a gather and the opt-in
+value check, on real gloo processes; the pure parts in this process."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pytest
+import torch
+
+import torchshard as ts
+from torchshard._backend.dtensor import checks
+
+CASES = "_collective_cases:"
+
+
+def test_in_step_drops_the_call_names_when_the_processes_agree():
+    assert checks.in_step("host_arrays", None) is None  # they agree: nothing to report
+    every = [["host_arrays", "a", "b"], ["host_arrays", "a", "c"]]
+    assert checks.in_step("host_arrays", every) == [["a", "b"], ["a", "c"]]
+
+
+def test_in_step_names_each_ranks_call_when_they_are_out_of_step():
+    every = [["host_arrays", "x"], ["GlobalBatchLoader: batch 3", "x"], ["host_arrays", "x"]]
+    with pytest.raises(
+        ts.errors.ProcessDisagreementError,
+        match="^"
+        + re.escape(
+            "host_arrays: the processes are out of step, each in another torchshard call "
+            "(rank 0: host_arrays; rank 1: GlobalBatchLoader: batch 3; rank 2: host_arrays). "
+            "Every process must make the same torchshard calls in the same order (the same "
+            "host_to_global_array calls, the same loader batches, the same read-backs)."
+        )
+        + "$",
+    ):
+        checks.in_step("host_arrays", every)
+
+
+def test_the_checksum_is_blake2b_of_the_bytes():
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    want = hashlib.blake2b(t.numpy().tobytes(), digest_size=8).hexdigest()
+    assert checks._checksum(t) == want and len(want) == 16
+    assert checks._checksum(t.T) == checks._checksum(t.T.contiguous())  # row-major bytes
+    assert checks._checksum(torch.zeros(0)) == hashlib.blake2b(b"", digest_size=8).hexdigest()
+
+
+def test_the_checksum_compares_bit_patterns():
+    assert checks._checksum(torch.tensor([0.0])) != checks._checksum(torch.tensor([-0.0]))
+    nan = torch.tensor([float("nan")])
+    assert checks._checksum(nan) == checks._checksum(nan.clone())
+    assert checks._checksum(torch.ones(2, dtype=torch.bfloat16)) != checks._checksum(torch.ones(2))
+    assert checks._checksum(torch.ones(2, requires_grad=True)) == checks._checksum(torch.ones(2))
+
+
+def test_processes_in_different_calls_with_alike_inputs_are_out_of_step(pools):
+    """Before, a ``host_to_global_array`` on one rank and a loader batch of the same shapes on
+    the other passed the check (their descriptions are alike). The processes stay in step."""
+    results = pools(2).run(CASES + "out_of_step")
+    for r in results:
+        assert r["error"] == (
+            "ProcessDisagreementError: host_arrays: the processes are out of step, each in "
+            "another torchshard call (rank 0: host_arrays; rank 1: GlobalBatchLoader: batch 0)."
+            " Every process must make the same torchshard calls in the same order (the same "
+            "host_to_global_array calls, the same loader batches, the same read-backs)."
+        ) or r["error"].startswith(
+            "ProcessDisagreementError: GlobalBatchLoader: batch 0: the processes are out of step"
+        ), r
+        assert r["after"] == (4, 4)
+
+
+def test_reading_back_tensors_made_from_disagreeing_shapes_fails_before_the_gather(pools):
+    """With the agreement check off, rank 0 made a (8, 2) DTensor and rank 1 a (6, 2) one:
+    before, the gather aborted one process and gave the other uninitialised memory."""
+    results = pools(2).run(CASES + "readback_of_disagreeing_shapes")
+    for r in results:
+        assert r["error"] == (
+            "ProcessDisagreementError: x['x']: replicate_to_local_data: every process must "
+            "gather the same tensor, but found a DTensor of global shape (8, 2), float32, "
+            "placements [Shard(dim=0)] on ranks [0, 1] on rank(s) [0]; a DTensor of global "
+            "shape (6, 2), float32, placements [Shard(dim=0)] on ranks [0, 1] on rank(s) [1]. "
+            "The processes passed different shapes or dtypes when it was made (with the "
+            "agreement check off, see set_agreement_check, or DTensor.from_local with a wrong "
+            "shape); nothing was gathered."
+        ), r
+        assert r["after"] == 4
+
+
+@pytest.mark.parametrize("kind", ["replicated", "loader"])
+def test_the_value_check_names_replicas_that_differ(pools, kind):
+    """Each rank passes its own values for a replicated leaf: before, every device silently
+    held its own process's values; with the opt-in value check, every rank raises."""
+    what = "host_arrays" if kind == "replicated" else "GlobalBatchLoader: batch 0"
+    argname = "host_arrays" if kind == "replicated" else "batch"
+    for r in pools(2).run(CASES + "replica_values", kind=kind, check=True):
+        assert r["error"].startswith(
+            f"ProcessDisagreementError: {argname}['w']: {what}: the ranks [0, 1] hold the same "
+            "block (global ranges ((0, 4), (0, 2)), one (start, stop) per dimension) and must "
+            "pass the same values, but found checksum "
+        ), r
+        assert "on rank(s) [0]; checksum " in r["error"]
+        assert r["after"] == (4, 2)
+    for r in pools(2).run(CASES + "replica_values", kind=kind, check=False):
+        assert r["error"] == "no error"  # off by default: nothing is exchanged
+
+
+def test_the_value_check_on_a_mesh_whose_processes_share_blocks(pools):
+    for r in pools(4).run(CASES + "replica_values", kind="shared", check=True):
+        assert (
+            "the ranks [0, 1] hold the same block (global ranges ((0, 4), (0, 2))" in (r["error"])
+        ), r
+    for r in pools(4).run(CASES + "replica_values", kind="equal", check=True):
+        assert r["error"] == "no error"

@@ -1,0 +1,86 @@
+"""Nothing hangs, nothing fails without saying where: processes that skip a call, leave a loader
+loop early, die mid-call, enter a mesh alone, are out of step, or read back tensors made from
+disagreeing shapes (real gloo processes, ``tests/_multiproc.py``).
+
+Each case that leaves the processes out of step (or kills one) runs on a pool of its own whose
+default group has a short timeout (``TIMEOUT``), closed afterwards; the others share the
+session's pools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from _multiproc import WorkerPool
+
+import torchshard as ts
+
+TIMEOUT = 3.0  # the workers' init_process_group(timeout=...)
+SLACK = 8.0  # seconds allowed past it (a loaded machine)
+CASES = "_collective_cases:"
+
+
+@contextlib.contextmanager
+def _pool(n: int = 2):
+    pool = WorkerPool(n, timeout=120, collective_timeout=TIMEOUT)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def test_a_rank_that_skips_a_call_makes_the_others_fail_within_the_timeout():
+    with _pool() as pool:
+        r0, r1 = pool.run(CASES + "skip_call")
+    assert r1["error"] == "skipped"
+    assert r0["error"].startswith(
+        "CollectiveError: host_arrays: torchshard's collective (call #"
+    ), r0
+    assert f"timed out after {TIMEOUT:g} s" in r0["error"]
+    assert "ranks that did not answer: rank 1 (its last torchshard call: #" in r0["error"]
+    assert " host_arrays)" in r0["error"]
+    assert "The processes are now out of step" in r0["error"]
+    assert r0["seconds"] < TIMEOUT + SLACK
+
+
+def test_a_rank_that_leaves_a_loader_loop_early_names_the_batch_and_the_rank():
+    with _pool() as pool:
+        r0, r1 = pool.run(CASES + "loader_break")
+    assert r1["error"] == "no error"
+    assert r0["error"].startswith("CollectiveError: GlobalBatchLoader: batch 2: torchshard's"), r0
+    assert "rank 1 (its last torchshard call: #" in r0["error"]
+    assert "GlobalBatchLoader: batch 1)" in r0["error"]
+    assert r0["seconds"] < TIMEOUT + SLACK
+
+
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        ("gather", "replicate_to_local_data"),
+        ("redistribute", "maybe_shard: redistributing a tensor of shape (8, 2)"),
+        ("agreement", "host_arrays"),
+    ],
+)
+def test_a_peer_that_dies_mid_call_is_named(call, what):
+    with _pool() as pool:
+        r0, r1 = pool.run_some(CASES + "peer_dies_mid_call", call=call)
+    assert r1 is None or "CollectiveError" in r1  # it died (or, slowed down, timed out first)
+    assert r0["error"].startswith(f"CollectiveError: {what}"), r0
+    assert "rank 1 (" in r0["error"]
+    assert "Connection closed by peer" not in r0["error"].split(";")[1]
+    assert r0["seconds"] < TIMEOUT + SLACK
+
+
+def test_a_mesh_entered_on_one_rank_fails_within_the_timeout():
+    with _pool() as pool:
+        r0, r1 = pool.run(CASES + "mesh_on_one_rank")
+    assert r1["error"] == "did not enter"
+    assert r0["error"].startswith("CollectiveError: building the DeviceMesh of Mesh("), r0
+    assert "(every process must enter it)" in r0["error"]
+    assert "rank 1 (" in r0["error"]
+    assert r0["seconds"] < TIMEOUT + SLACK
+
+
+def test_collective_error_is_public_and_a_runtime_error():
+    assert issubclass(ts.errors.CollectiveError, RuntimeError)

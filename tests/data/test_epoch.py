@@ -1,0 +1,113 @@
+"""One epoch of a GlobalBatchLoader (torchshard.data._epoch): the consumer's side. ``next()``
+takes what the producer made (on the loader's thread, or in place with ``prefetch=0``), counts
+it and moves the epoch's cursor; the end of the sources ends the epoch and resets the cursor;
+an error reaches the consumer with its batch; an epoch ended by something else says so."""
+
+import re
+import threading
+
+import numpy as np
+import pytest
+from data_helpers import no_loader_thread_left
+
+import torchshard as ts
+from torchshard.data._epoch import Epoch
+from torchshard.data._position import Cursor
+from torchshard.data._producer import Producer
+from torchshard.data._stats import Counters
+
+DATA = ts.P("data")
+
+
+def _epoch(batches, mesh, *, prefetch, first=0):
+    counters, cursor = Counters(), Cursor(None, first)
+    producer = Producer(
+        [iter(batches)],
+        [batches],
+        None,
+        DATA,
+        mesh,
+        counters,
+        first,
+        per_host=False,
+        explicit_partition=True,
+        agree=False,
+    )
+    return Epoch(producer, prefetch, counters=counters, cursor=cursor), counters, cursor
+
+
+def _rows(batch):
+    return ts.replicate_to_local_data(batch["id"]).tolist()
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_epoch_yields_every_batch_and_moves_its_cursor(mesh8, prefetch):
+    batches = [{"id": np.arange(8) + 8 * k} for k in range(3)]
+    epoch, counters, cursor = _epoch(batches, mesh8, prefetch=prefetch)
+    assert iter(epoch) is epoch
+    for k in range(3):
+        assert _rows(next(epoch)) == list(range(8 * k, 8 * k + 8))
+        assert cursor.next_batch == k + 1
+    assert counters.value.batches == 3 and counters.value.wait_seconds >= 0
+    with pytest.raises(StopIteration):
+        next(epoch)
+    assert cursor.next_batch == 0  # the next epoch starts over
+    with pytest.raises(StopIteration):
+        next(epoch)  # a finished epoch just stops
+    assert no_loader_thread_left()
+
+
+def test_prefetch_runs_the_producer_on_a_thread_with_the_mesh(mesh8):
+    seen = []
+
+    def source():
+        seen.append((threading.current_thread().name, ts.current_mesh()))
+        yield {"id": np.arange(8)}
+
+    epoch, _, _ = _epoch(source(), mesh8, prefetch=1)
+    next(epoch)
+    epoch.close()
+    ((name, mesh),) = seen
+    assert name.startswith("torchshard-loader") and name != threading.current_thread().name
+    assert mesh is mesh8  # the mesh, made current on the loader's thread
+    here, _, _ = _epoch(iter([{"id": np.arange(8)}]), mesh8, prefetch=0)
+    assert _rows(next(here)) == list(range(8))
+
+
+def test_a_resumed_epoch_counts_from_its_first_batch(mesh8):
+    epoch, _, cursor = _epoch([{"id": np.zeros(6)}], mesh8, prefetch=0, first=5)
+    with pytest.raises(ts.errors.IndivisibleError) as info:
+        next(epoch)
+    assert str(info.value).startswith("GlobalBatchLoader: batch 5: host_arrays['id']")
+    assert info.value.__notes__ == ["(raised by GlobalBatchLoader at batch 5)"]
+    assert cursor.next_batch == 5  # the failed batch was not taken
+    with pytest.raises(StopIteration):
+        next(epoch)  # an error closes the epoch
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_epoch_ended_by_another_call_says_so(mesh8, prefetch):
+    batches = [{"id": np.arange(8)}] * 3
+    epoch, _, _ = _epoch(batches, mesh8, prefetch=prefetch)
+    next(epoch)
+    epoch.end("load_state_dict()")
+    epoch.end("a later iter()")  # the first reason stays
+    message = (
+        "GlobalBatchLoader: this iterator was ended before batch 1 by load_state_dict() on the "
+        "same loader; a loader runs one epoch at a time, and each iter() starts a new one (the "
+        "source's position moves with it). Use the newest iterator, or make a second "
+        "GlobalBatchLoader for a second stream."
+    )
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+            next(epoch)
+    assert no_loader_thread_left()
+
+
+def test_ending_a_closed_epoch_changes_nothing(mesh8):
+    epoch, _, _ = _epoch([{"id": np.arange(8)}], mesh8, prefetch=0)
+    epoch.close()
+    epoch.close()  # idempotent
+    epoch.end("a later iter()")
+    with pytest.raises(StopIteration):
+        next(epoch)

@@ -1,0 +1,481 @@
+"""``python -m torchshard {layout,bench}`` in subprocesses (each command sets up its own devices),
+with tiny sizes for bench (``--quick``); the spec parser in process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+import torchshard as ts
+from torchshard._tools import cli
+from torchshard._tools.bench import BENCHES
+from torchshard._tools.cli import parse_spec
+
+
+def _run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "torchshard", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+LAYOUT = """\
+P(('data', 'model'), None) on Mesh({'data': 4, 'model': 2}): global shape (16, 8), 2 hosts
+
+          0:8
+      +----------+
+  0:2 | device 0 |
+      | host 0   |
+      +----------+
+  2:4 | device 1 |
+      | host 0   |
+      +----------+
+  4:6 | device 2 |
+      | host 0   |
+      +----------+
+  6:8 | device 3 |
+      | host 0   |
+      +----------+
+ 8:10 | device 4 |
+      | host 1   |
+      +----------+
+10:12 | device 5 |
+      | host 1   |
+      +----------+
+12:14 | device 6 |
+      | host 1   |
+      +----------+
+14:16 | device 7 |
+      | host 1   |
+      +----------+
+
+host 0: devices 0-3, local block shape (8, 8)
+host 1: devices 4-7, local block shape (8, 8)
+"""
+
+
+def test_layout_command_prints_the_grid(tmp_path):
+    png = tmp_path / "layout.png"
+    args = ["layout", "--mesh", "4,2", "--axes", "data,model", "--spec", "('data','model'),None"]
+    result = _run(*args, "--shape", "16,8", "--hosts", "2", "--plain", "--png", str(png))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == LAYOUT + f"wrote {png}\n"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_layout_command_with_rich_and_a_big_pod_mesh():
+    # 256 devices: planning a pod layout without a pod (pure maths, no runtime needed).
+    args = ["layout", "--mesh", "16,16", "--axes", "data,model", "--spec", "data,model"]
+    result = _run(*args, "--shape", "64,32", "--hosts", "64")
+    assert result.returncode == 0, result.stderr
+    assert "P('data', 'model') on Mesh({'data': 16, 'model': 16}): global shape (64, 32)" in (
+        result.stdout
+    )
+    assert "host 63: devices 252-255, local block shape (4, 8)" in result.stdout
+    assert "[60:64, 30:32]" in result.stdout  # more than 8 column blocks: drawn as a table
+
+
+def test_layout_command_errors_are_messages():
+    result = _run(*"layout --mesh 4,2 --axes data,model --spec data --shape 16,8 --hosts 3".split())
+    assert result.returncode == 2
+    assert result.stderr == (
+        "python -m torchshard layout: error: num_hosts must be a positive divisor of the 8 "
+        "devices, but got 3; each host owns an equal, contiguous group of device ids.\n"
+    )
+    result = _run(
+        *"layout --mesh 4,2 --axes data,model --spec __import__('os') --shape 16,8".split()
+    )
+    assert result.returncode == 2
+    assert (
+        "error: argument --spec: cannot read \"__import__('os')\" as a partition spec (it is not "
+        "made of None, axis names and tuples of them)"
+    ) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("('data','model'),None", ts.P(("data", "model"), None)),
+        ("'data'", ts.P("data")),
+        ("data,None", ts.P("data", None)),
+        ("(data, model)", ts.P(("data", "model"))),
+        ("P('data', None)", ts.P("data", None)),
+        ("", ts.P()),
+        ("None", ts.P(None)),
+    ],
+)
+def test_parse_spec(text, spec):
+    assert parse_spec(text) == spec
+    assert isinstance(parse_spec(text), ts.PartitionSpec)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (
+            "__import__('os').system('true')",
+            "it is not made of None, axis names and tuples of them",
+        ),
+        ("a.b", "it is not made of None, axis names and tuples of them"),
+        (
+            "1",
+            (
+                "PartitionSpec entry 0 must be None, an axis name or a tuple of axis names, "
+                "but got 1 of type int"
+            ),
+        ),
+        (
+            "data,data",
+            (
+                "PartitionSpec ('data', 'data') uses mesh axis 'data' twice (entries 0 and "
+                "1); each axis may split at most one dimension"
+            ),
+        ),
+    ],
+)
+def test_parse_spec_rejects(text, why):
+    with pytest.raises(
+        argparse.ArgumentTypeError,
+        match=re.escape(f"cannot read {text!r} as a partition spec ({why}); write the entries"),
+    ):
+        parse_spec(text)
+
+
+def test_bench_choices_come_from_the_registry():
+    result = _run("bench", "--help")
+    assert result.returncode == 0
+    assert "{" + ",".join([*BENCHES, "all"]) + "}" in result.stdout.replace("\n", "")
+    assert {"h2g", "g2h", "sweep"} <= set(BENCHES)
+
+
+@pytest.mark.xla
+def test_bench_quick_json_and_plot(tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "sweep.png"
+    args = ["--quick", "--plain", "--threads", "1", "--json", str(out), "--plot", str(png)]
+    result = _run("bench", "h2g", *args)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    # --plot adds the sweep to the run; every figure printed is in the JSON, and back.
+    assert data["settings"] == {
+        "devices": 8,
+        "quick": True,
+        "benches": ["h2g", "sweep"],
+        "torch_threads": 1,
+    }
+    assert data["machine"]["nproc"] >= 1 and data["machine"]["torch_xla"] == "2.9.0"
+    figures = {(f["bench"], f["case"], f["method"]) for f in data["figures"]}
+    assert figures == {
+        ("h2g", f"{n}x[64,32] f32 {m}", method)
+        for n in (1, 8)
+        for m in ("(8,)", "(4,2)")
+        for method in ("torchshard", "direct", "to+mark_sharding")
+    } | {
+        ("sweep", size, method)
+        for size in ("1 KiB", "16 KiB")
+        for method in ("torchshard", "direct", "to+mark_sharding", "memcpy")
+    }
+    for f in data["figures"]:
+        assert f["unit"] == "GB/s" and f["value"] > 0 and f["spread"] >= 0
+        assert 0 < f["median"] <= f["value"]  # the best round is at least as fast
+        cells = (f["bench"], f["case"], f["method"], format(f["value"], ".4g"))
+        line = re.compile(r"^" + r"\s+".join(re.escape(c) for c in cells) + r"\s")
+        assert any(line.match(s) for s in result.stdout.splitlines()), f
+    ratios = {(r["bench"], r["case"], r["numerator"], r["denominator"]) for r in data["ratios"]}
+    assert ("h2g", "1x[64,32] f32 (8,)", "torchshard", "direct") in ratios
+    assert ("sweep", "1 KiB", "torchshard", "memcpy") in ratios
+    assert all(r["value"] > 0 for r in data["ratios"])
+    assert result.stdout.rstrip().endswith(f"wrote {out}\nwrote {png}")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # The plain progress: one line per step on stderr, ending with the last bench done.
+    progress = [s for s in result.stderr.splitlines() if s.startswith("[")]
+    assert progress[0].startswith("[..] 0/2") and progress[0].endswith("h2g: starting")
+    assert progress[-1].startswith("[##] 2/2") and progress[-1].endswith("sweep: done")
+
+
+@pytest.mark.xla
+def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
+    # A sitecustomize that hides matplotlib from the child process.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    result = _run(
+        "bench",
+        "g2h",
+        "--quick",
+        "--plot",
+        str(tmp_path / "x.png"),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        "python -m torchshard bench: error: bench --plot needs matplotlib, which is not "
+        "installed; install the optional extra with `pip install 'torchshard[plot]'` (or `pip "
+        "install matplotlib`).\n"
+    )
+    assert "g2h" not in result.stdout
+
+
+# -- input errors: exit status 2, one line on stderr, no traceback ---------------------------
+
+
+def _one_line_error(result, command, message):
+    """The command failed on its input: status 2, stderr exactly one line naming the command,
+    holding ``message``, and no traceback; nothing on stdout."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"python -m torchshard {command}: error: "), lines[0]
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "command", "message"),
+    [
+        (
+            ["demo", "--batch", "0"],
+            "demo",
+            "argument --batch: expected a positive int, but got '0'",
+        ),
+        (
+            ["demo", "--batch", "-8"],
+            "demo",
+            "argument --batch: expected a positive int, but got '-8'",
+        ),
+        (
+            ["bench", "--threads", "0"],
+            "bench",
+            "argument --threads: expected a positive int, but got '0'",
+        ),
+        (
+            ["layout", "--mesh", "4,2", "--axes", "data,model", "--shape", "-16,8"],
+            "layout",
+            "argument --shape: every entry must be non-negative, but '-16,8' has -16",
+        ),
+    ],
+    ids=["demo-batch-0", "demo-batch-negative", "bench-threads-0", "layout-negative-shape"],
+)
+def test_bad_arguments_are_one_line_in_a_subprocess(args, command, message):
+    _one_line_error(_run(*args), command, message)
+
+
+def test_version_from_the_package_metadata():
+    from importlib import metadata
+
+    from torchshard._core.version import UNKNOWN, package_version
+
+    assert ts.__version__ == metadata.version("torchshard")
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", ts.__version__)
+    assert package_version("torchshard-no-such-distribution") == UNKNOWN
+    result = _run("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"torchshard {ts.__version__}\n"
+
+
+# The rest runs the command line in this process (``main(argv)``): the same code path, without
+# the cost of a fresh interpreter. argparse's errors end in SystemExit(2).
+
+
+def _main(capsys, *argv):
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(argv), status, out, err)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--steps", "1"], "argument --steps: expected an int >= 2, but got '1'"),
+        (["demo", "--workers", "-1"], "argument --workers: expected a non-negative int"),
+        (
+            ["demo", "--batch", "eight"],
+            "argument --batch: expected a positive int, but got 'eight'",
+        ),
+        (["bench", "--threads", "-2"], "argument --threads: expected a positive int"),
+        (["bench", "nosuch"], "argument name: invalid choice: 'nosuch'"),
+        (
+            ["layout", "--mesh", "0,2", "--axes", "a,b", "--shape", "4"],
+            "every entry must be positive",
+        ),
+        (["layout", "--mesh", "4,2", "--axes", "a,b", "--shape", "8", "--hosts", "0"], "--hosts"),
+        (["layout", "--mesh", "4", "--axes", "a", "--shape", "8", "--devices", "0"], "--devices"),
+    ],
+)
+def test_argument_errors_are_one_line(capsys, args, message):
+    _one_line_error(_main(capsys, *args), args[0], message)
+
+
+def test_global_options_before_or_after_the_subcommand():
+    parser = cli.build_parser()
+    for command in (["demo"], ["bench"], ["layout", "--mesh", "4", "--axes", "a", "--shape", "8"]):
+        assert parser.parse_args(command).devices == 8
+        assert parser.parse_args(["--devices", "4", *command]).devices == 4
+        assert parser.parse_args([*command, "--devices", "4"]).devices == 4
+        # After the name wins, as the later of two values of one option does.
+        assert parser.parse_args(["--devices", "2", *command, "--devices", "4"]).devices == 4
+
+
+def test_a_huge_layout_is_refused_at_once(capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("describe_layout ran")
+
+    monkeypatch.setattr(ts, "describe_layout", never)
+    result = _main(capsys, *"layout --mesh 2048,2048 --axes data,model --shape 16,8".split())
+    _one_line_error(
+        result,
+        "layout",
+        "a 2048 x 2048 mesh has 4,194,304 devices; layout describes at most 65,536",
+    )
+
+
+def test_layout_png_errors_and_overwrite(capsys, tmp_path):
+    args = ["layout", "--mesh", "2", "--axes", "data", "--spec", "data", "--shape", "4", "--plain"]
+    missing = tmp_path / "no" / "such" / "layout.png"
+    result = _main(capsys, *args, "--png", str(missing))
+    _one_line_error(
+        result, "layout", f"cannot write {missing}: the folder {missing.parent} does not exist"
+    )
+    result = _main(capsys, *args, "--png", str(tmp_path))
+    _one_line_error(result, "layout", f"{tmp_path} is a folder; give a file name")
+    # An existing file (the README's picture, say) is never replaced without --overwrite.
+    existing = tmp_path / "layout.png"
+    existing.write_bytes(b"keep me")
+    result = _main(capsys, *args, "--png", str(existing))
+    _one_line_error(result, "layout", f"{existing} exists; pass --overwrite to replace it")
+    assert existing.read_bytes() == b"keep me"
+    result = _main(capsys, *args, "--png", str(existing), "--overwrite")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(f"wrote {existing}\n")
+    assert existing.read_bytes()[:4] == b"\x89PNG"
+    # Any writable path, inside the repository or not, relative or absolute.
+    fresh = tmp_path / "sub"
+    fresh.mkdir()
+    result = _main(capsys, *args, "--png", str(fresh / "a.png"))
+    assert result.returncode == 0, result.stderr
+    assert (fresh / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_documented_layout_commands_do_not_write_the_tracked_picture():
+    root = pathlib.Path(__file__).parents[2]
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    lines = [line for page in pages for line in page.read_text().splitlines()]
+    commands = [line for line in lines if "torchshard layout" in line and "--png" in line]
+    assert commands
+    assert not [c for c in commands if "docs/layout.png" in c and "--overwrite" not in c]
+
+
+# -- bench: the default, --strict, --quick, output paths (a fake bench, in this process) -----
+
+FAKE = "fake"
+
+
+@pytest.fixture
+def fake_bench(monkeypatch):
+    """A bench named ``fake`` that records one ratio per target given in ``calls``' list."""
+    from torchshard._tools import bench
+    from torchshard._tools.bench import _report
+
+    module = types.ModuleType("torchshard_test_fake_bench")
+    module.runs = []
+    module.ratios = [(1.2, 1.0), (0.8, 1.0), (0.5, None)]  # (value, target): ok, MISSED, none
+
+    def run(report):
+        module.runs.append(report)
+        report.figure(FAKE, "case", "a", 1.0, "GB/s")
+        for i, (value, target) in enumerate(module.ratios):
+            report.ratio(FAKE, f"case {i}", "a", "b", value, target)
+
+    module.run = run
+    # The fake bench needs no devices: no XLA emulation (which needs torch_xla).
+    from torchshard._backend.xla import env as xla_env
+
+    monkeypatch.setattr(xla_env, "setup_cpu_emulation", lambda n: None)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(bench.BENCHES, FAKE, module.__name__)
+    yield module
+    _report.configure(quick=False)
+
+
+def test_bench_strict_exits_1_on_a_missed_target(capsys, fake_bench):
+    result = _main(capsys, "bench", FAKE, "--plain", "--strict")
+    assert result.returncode == 1
+    assert "1.200x  >= 1 ok" in result.stdout
+    assert "0.800x  >= 1 MISSED" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        "bench: target missed: fake case 1: a / b = 0.800x, target >= 1"
+    )
+    # Without --strict a missed target is shown, and the status is 0.
+    assert _main(capsys, "bench", FAKE, "--plain").returncode == 0
+    # With every target met, --strict exits 0.
+    fake_bench.ratios = [(1.2, 1.0), (0.5, None)]
+    assert _main(capsys, "bench", FAKE, "--plain", "--strict").returncode == 0
+
+
+def test_bench_quick_judges_no_target(capsys, fake_bench, tmp_path):
+    out = tmp_path / "b.json"
+    result = _main(capsys, "bench", FAKE, "--plain", "--quick", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "MISSED" not in result.stdout and " ok" not in result.stdout
+    assert "0.800x" in result.stdout
+    assert "no target is judged" in result.stdout
+    ratios = json.loads(out.read_text())["ratios"]
+    assert [(r["target"], r["ok"]) for r in ratios] == [(1.0, None), (1.0, None), (None, None)]
+    result = _main(capsys, "bench", FAKE, "--quick", "--strict")
+    _one_line_error(result, "bench", "--strict judges the targets, and --quick measures nothing")
+    assert len(fake_bench.runs) == 1
+
+
+def test_bench_without_a_name_runs_the_short_default(capsys, fake_bench, monkeypatch):
+    monkeypatch.setattr(cli, "DEFAULT_BENCH", FAKE)
+    result = _main(capsys, "bench", "--plain")
+    assert result.returncode == 0, result.stderr
+    assert len(fake_bench.runs) == 1
+    notice = result.stderr.splitlines()[0]
+    assert notice.startswith(f"bench: no name given, so running the short default, {FAKE} ")
+    n = len(BENCHES)  # the fake included
+    assert f"`bench all` runs all {n} one after another" in notice
+    assert "h2g" in notice and "many minutes" in notice
+
+
+def test_bench_output_paths_are_checked_before_benchmarking(capsys, fake_bench, tmp_path):
+    for option in ("--json", "--plot"):
+        missing = tmp_path / "missing" / "out"
+        result = _main(capsys, "bench", FAKE, "--plain", option, str(missing))
+        _one_line_error(result, "bench", f"the folder {missing.parent} does not exist")
+    assert fake_bench.runs == []
+    out = tmp_path / "b.json"
+    assert _main(capsys, "bench", FAKE, "--plain", "--json", str(out)).returncode == 0
+    data = json.loads(out.read_text())
+    assert set(data["seconds"]) == {FAKE} and data["seconds"][FAKE] >= 0
+
+
+@pytest.mark.parametrize(("in_no_xla", "emulated"), [(True, False), (False, True)])
+def test_the_dtensor_benches_set_up_no_xla_emulation(
+    capsys, monkeypatch, fake_bench, in_no_xla, emulated
+):
+    """A DTensor-only bench runs on a plain install: the CLI sets up no XLA emulation for it
+    (which would need torch_xla); every other bench still gets it."""
+    from torchshard._backend.xla import env as xla_env
+    from torchshard._tools import bench
+
+    calls = []
+    monkeypatch.setattr(xla_env, "setup_cpu_emulation", lambda n: calls.append(n))
+    names = bench.NEEDS_NO_XLA | {FAKE} if in_no_xla else bench.NEEDS_NO_XLA
+    monkeypatch.setattr(bench, "NEEDS_NO_XLA", frozenset(names))
+    assert _main(capsys, "bench", FAKE, "--plain", "--quick").returncode == 0
+    assert bool(calls) is emulated
+    assert "dtensor" in bench.NEEDS_NO_XLA and "h2d" in bench.NEEDS_NO_XLA

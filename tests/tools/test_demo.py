@@ -1,0 +1,168 @@
+"""The demo (torchshard._tools.demo, `python -m torchshard demo`): it runs end to end in a
+subprocess; in this process, its argument checks, the backend it picks and what it prints,
+with the training stubbed. The DTensor demo is tested in test_demo_dtensor.py."""
+
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+from torchshard._tools import demo as demo_module
+from torchshard._tools._demo_common import Result
+
+FINAL = re.compile(
+    r"^loss (\d+\.\d+) -> (\d+\.\d+) \(mean of the first and last steps\); (\d+\.\d) steps/s, "
+    r"[\d,]+ examples/s after \d+\.\d s of (?:compilation|warm-up); input wait (\d+\.\d)% of "
+    r"step time$",
+    re.M,
+)
+# Runs the command line with torch_xla hidden, as on a plain install (no torch_xla).
+NO_XLA = (
+    "import sys; sys.modules['torch_xla'] = None; from torchshard._tools.cli import main; "
+    "raise SystemExit(main(sys.argv[1:]))"
+)
+
+
+def demo(*args, devices=None, xla=True):
+    env = dict(os.environ)
+    env.pop("PYTHONWARNINGS", None)
+    start = ["-m", "torchshard"] if xla else ["-c", NO_XLA]
+    top = [] if devices is None else ["--devices", str(devices)]
+    return subprocess.run(
+        [sys.executable, *start, *top, "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize(
+    ("args", "hosts"), [(("--steps", "20"), 1), (("--steps", "12", "--hosts", "2"), 2)]
+)
+def test_demo_trains_and_the_loss_falls(args, hosts):
+    run = demo(*args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    per_host = 256 // hosts
+    assert out.startswith(
+        f"mesh {{'data': 4, 'model': 2}}, {hosts} host(s) x {2 // hosts} DataLoader worker(s) "
+        f"(forkserver), global batch 256 ({per_host} per host), {args[1]} steps\n"
+    )
+    steps = re.findall(r"^step +(\d+)/\d+  loss (\d+\.\d+)", out, re.M)
+    assert steps and steps[-1][0] == args[1]
+    first, last, rate, wait = (float(x) for x in FINAL.search(out).groups())
+    assert last < 0.95 * first and rate > 0 and 0 <= wait <= 100
+    assert out.endswith("ok: the loss fell\n")
+
+
+@pytest.mark.xla
+def test_demo_fails_when_the_loss_does_not_fall():
+    run = demo("--steps", "8", "--lr", "0")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "FAILED: the loss did not fall" in run.stderr
+
+
+def test_demo_on_dtensor_refuses_virtual_hosts_and_uneven_batches():
+    for args in (
+        ("--backend", "dtensor", "--hosts", "2"),
+        ("--backend", "dtensor", "--batch", "9"),
+    ):
+        run = demo(*args, devices=2)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert run.stderr == (
+            "demo: on dtensor every one of the --devices (2) gloo processes is a host: --hosts "
+            f"({args[-1] if args[-2] == '--hosts' else 1}) must be 1 and --batch "
+            f"({args[-1] if args[-2] == '--batch' else 256}) a multiple of the process count\n"
+        )
+
+
+def test_demo_on_xla_without_torch_xla_names_the_extra():
+    run = demo("--backend", "xla", xla=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.startswith(
+        "python -m torchshard demo: error: setup_cpu_emulation (emulated XLA devices) needs "
+        "torch_xla, which is not installed; install the extra with `pip install "
+        "'torchshard[xla]'`"
+    )
+
+
+# -- in this process: the checks, the backend and the report, with the training stubbed ------
+
+
+def _args(**kwargs):
+    base = {"steps": 20, "hosts": 1, "batch": 256, "workers": 0, "lr": 3e-3, "seed": 0}
+    base.update({"devices": 8, "backend": "xla"})
+    base.update(kwargs)
+    return types.SimpleNamespace(**base)
+
+
+RESULT = Result(2.0, 1.0, 12.5, 3200.0, 0.125, 1.5)
+
+
+def test_resolve_backend(monkeypatch):
+    from torchshard._backend.xla import env
+
+    assert demo_module.resolve_backend("xla") == "xla"
+    assert demo_module.resolve_backend("dtensor") == "dtensor"
+    monkeypatch.setattr(env, "xla_installed", lambda: True)
+    assert demo_module.resolve_backend("auto") == "xla"
+    monkeypatch.setattr(env, "xla_installed", lambda: False)
+    assert demo_module.resolve_backend("auto") == "dtensor"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 1}, "demo: --steps must be at least 2\n"),
+        (
+            {"hosts": 3},
+            (
+                "demo: --hosts (3) must divide the 8 devices and --batch (256) must be a multiple "
+                "of 8\n"
+            ),
+        ),
+        (
+            {"batch": 12},
+            (
+                "demo: --hosts (1) must divide the 8 devices and --batch (12) must be a multiple "
+                "of 8\n"
+            ),
+        ),
+        (
+            {"backend": "dtensor", "devices": 3},
+            (
+                "demo: on dtensor every one of the --devices (3) gloo processes is a host: --hosts "
+                "(1) must be 1 and --batch (256) a multiple of the process count\n"
+            ),
+        ),
+    ],
+)
+def test_bad_settings_exit_2_before_training(capsys, monkeypatch, kwargs, message):
+    monkeypatch.setattr(demo_module, "train", lambda **kw: pytest.fail("trained"))
+    assert demo_module.main(_args(**kwargs)) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", message)
+
+
+def test_the_report_and_the_status(capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(demo_module, "train", lambda **kw: calls.append(kw) or RESULT)
+    assert demo_module.main(_args(hosts=2)) == 0
+    assert calls[0]["hosts"] == 2 and calls[0]["steps"] == 20 and calls[0]["batch_size"] == 256
+    out, err = capsys.readouterr()
+    assert out == (
+        "loss 2.0000 -> 1.0000 (mean of the first and last steps); 12.5 steps/s, 3,200 "
+        "examples/s after 1.5 s of compilation; input wait 12.5% of step time\n"
+        "ok: the loss fell\n"
+    )
+    assert FINAL.search(out) and err == ""
+    flat = Result(2.0, 1.95, 12.5, 3200.0, 0.125, 1.5)  # less than 5 % lower: not a fall
+    monkeypatch.setattr(demo_module, "train", lambda **kw: flat)
+    assert demo_module.main(_args()) == 1
+    assert capsys.readouterr().err == "FAILED: the loss did not fall\n"
