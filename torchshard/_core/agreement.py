@@ -4,10 +4,10 @@ With one process per device (the DTensor backend), each process infers the globa
 leaf from its own block. Processes that pass different shapes would build different global
 tensors, and the first collective would then hang or mix data. So before anything is planned,
 each process describes its call (the tree structure and partition, then each leaf's shape and
-dtype), hashes the description to 8 bytes, and the processes all-gather the hashes: one
-collective of 8 bytes per process per call. Only when the hashes differ are the descriptions
-themselves gathered, to name the first leaf that differs; every process then raises the same
-``ProcessDisagreementError``.
+dtype), hashes the description to 8 bytes, and the processes exchange the digests through the
+default process group's store (the backend's bounded exchange, overlapped with placement).
+Only when the digests differ are the descriptions themselves exchanged, to name the first
+leaf that differs; every process then raises the same ``ProcessDisagreementError``.
 
 The check is on by default. ``set_agreement_check(False)`` turns it off for the process, and so
 does the environment variable ``TORCHSHARD_AGREEMENT_CHECK=0``, read once when this module is
