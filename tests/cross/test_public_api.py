@@ -1,14 +1,91 @@
 """The public surface: sorted __all__, every name resolves, star-imports work."""
 
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 import torchshard
+import torchshard.data
+import torchshard.errors
 import torchshard.testing
 
-MODULES = [torchshard, torchshard.testing]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODULES = [torchshard, torchshard.data, torchshard.testing, torchshard.errors]
+
+# The public surface, listed: a name added or removed changes this test on purpose.
+SURFACE = {
+    "torchshard": [
+        # meshes
+        "Mesh", "create_device_mesh", "current_mesh", "HybridMeshShape",
+        "process_index", "process_count", "setup_cpu_emulation",
+        # specs and layouts
+        "P", "PartitionSpec", "NamedSharding", "TensorSpec", "input_partition_spec",
+        "describe_layout", "ShardingLayout", "LayoutBlock", "visualize_sharding",
+        # host <-> global
+        "host_to_global_array", "host_to_global_specs", "global_to_host_array",
+        "replicate_to_local_data",
+        # in the step
+        "with_sharding_constraint", "maybe_shard", "InputDispatcher", "SpmdInputDispatcher",
+        # feeding from a DataLoader
+        "GlobalBatchLoader", "host_sampler", "sharded_collate",
+        # checks across processes
+        "set_agreement_check", "set_value_check",
+        # errors: the base here, every type in torchshard.errors
+        "ShardingError", "errors",
+        # axlearn compatibility (torchshard._COMPATIBILITY)
+        "DataPartitionType", "data_partition_type_to_spec", "complete_partition_spec_tree",
+        "dispatch_input_batch", "PHYSICAL_TO_LOGICAL_DISPATCH_KEY",
+        "host_to_global_device_array", "infer_mesh_shape",
+    ],
+    "torchshard.data": ["GlobalBatchLoader", "LoaderStats", "host_sampler", "sharded_collate"],
+    "torchshard.testing": [
+        "assert_global_equal", "assert_sharded", "global_batch_loader_per_host",
+        "global_to_host_array_per_host", "host_to_global_array_per_host",
+        "make_virtual_topology", "virtual_hosts",
+    ],
+    "torchshard.errors": [
+        "ShardingError", "IndivisibleError", "NonUniformShardingError", "NoMeshError",
+        "TreeStructureError", "NoProcessGroupError", "ProcessDisagreementError",
+        "UnsupportedPartitionError", "CollectiveError", "EmulationError", "WorkerProcessError",
+        "MissingDependencyError", "ChildFailedError",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_the_public_surface_is_the_listed_one(module):
+    assert sorted(module.__all__) == sorted(SURFACE[module.__name__])
+
+
+def test_the_compatibility_names_are_the_listed_ones():
+    assert set(torchshard._COMPATIBILITY) == {
+        "DataPartitionType", "data_partition_type_to_spec", "complete_partition_spec_tree",
+        "dispatch_input_batch", "PHYSICAL_TO_LOGICAL_DISPATCH_KEY",
+        "host_to_global_device_array", "infer_mesh_shape",
+    }  # fmt: skip
+    assert set(torchshard._COMPATIBILITY) <= set(torchshard.__all__)
+    # Each is documented as such: its docstring (the index's row for the constant) says so.
+    for name in torchshard._COMPATIBILITY:
+        doc = (
+            getattr(torchshard, name).__doc__ if name != "PHYSICAL_TO_LOGICAL_DISPATCH_KEY" else ""
+        )
+        if doc:
+            assert "axlearn compatibility" in " ".join(doc.split()), name
+    index = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    for name in torchshard._COMPATIBILITY:
+        row = next(
+            line for line in index.split("| `") if line.startswith(name) or f"`{name}" in line
+        )
+        assert "axlearn compatibility" in row, name
+
+
+def test_exception_types_are_in_errors_and_only_the_base_at_the_top():
+    types = {n for n in torchshard.__all__ if isinstance(getattr(torchshard, n), type)}
+    exceptions = {n for n in types if issubclass(getattr(torchshard, n), BaseException)}
+    assert exceptions == {"ShardingError"}
+    assert torchshard.ShardingError is torchshard.errors.ShardingError
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -92,7 +92,8 @@ def _one(partition: Any, where: str = "partition") -> PartitionSpec | None:
 
 
 def data_partition_type_to_spec(partition: Any) -> Any:
-    """The ``PartitionSpec`` (or tree of them) that ``partition`` stands for.
+    """The ``PartitionSpec`` (or tree of them) that ``partition`` stands for (axlearn
+    compatibility: new code passes specs).
 
     ``FULL`` -> ``input_partition_spec()``; ``REPLICATED`` -> ``P(None)``; ``BATCH`` ->
     ``P(batch axes, seq axes)`` of the current mesh; a ``PartitionSpec`` is returned as is; a
@@ -127,7 +128,8 @@ def _is_tree_node(x: Any) -> bool:
 
 
 def complete_partition_spec_tree(treedef_or_tree: Any, partition_spec_tree: Any) -> Any:
-    """Broadcasts a prefix tree of specs to the full structure of ``treedef_or_tree``.
+    """Broadcasts a prefix tree of specs to the full structure of ``treedef_or_tree`` (axlearn
+    compatibility: torchshard's calls take prefix trees themselves).
 
     Args:
         treedef_or_tree: an optree ``PyTreeSpec``, or a tree whose structure is used.

@@ -125,7 +125,8 @@ def as_partition_spec(spec: Iterable[Any] | PartitionSpec) -> PartitionSpec:
 
 
 class DataPartitionType(enum.Enum):
-    """How an input batch is partitioned (axlearn's enum).
+    """How an input batch is partitioned (axlearn's enum; axlearn compatibility: new code
+    passes a ``PartitionSpec``, e.g. ``input_partition_spec()``).
 
     - ``FULL``: dim 0 is split over every mesh axis (``input_partition_spec()``).
     - ``REPLICATED``: every device holds the whole array.

@@ -81,7 +81,8 @@ def _checked_shape(mesh_shape: Any, name: str) -> tuple[int, ...]:
 
 
 def infer_mesh_shape(mesh_shape: MeshShape, *, num_devices: int | None = None) -> tuple[int, ...]:
-    """``mesh_shape`` with its (at most one) ``-1`` inferred from the device count.
+    """``mesh_shape`` with its (at most one) ``-1`` inferred from the device count (axlearn
+    compatibility: ``create_device_mesh`` infers it itself).
 
     Example:
         >>> torchshard.infer_mesh_shape((-1, 2), num_devices=8)

@@ -126,7 +126,7 @@ def host_to_global_array(
 def host_to_global_device_array(
     host_arrays: Any, /, *, partition: Any = DEFAULT_PARTITION, global_shape: Any = None
 ) -> Any:
-    """Deprecated alias of ``host_to_global_array``."""
+    """Deprecated alias of ``host_to_global_array`` (axlearn compatibility)."""
     warn_once(
         "host_to_global_device_array",
         "host_to_global_device_array is deprecated; use host_to_global_array.",

@@ -37,6 +37,7 @@ from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._step.constraint import maybe_shard
 
 PHYSICAL_TO_LOGICAL_DISPATCH_KEY = "__physical_to_logical_batch_dispatch"
+"""The key of a dict's dispatch tensor (axlearn's name and value; axlearn compatibility)."""
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
 # (key, where of the key, number of physical rows of the dict's leaves) -> gather indices.
@@ -274,7 +275,7 @@ def dispatch_input_batch(
     check: bool = False,
 ) -> Any:
     """Constrains every leaf on the batch axes, then drops the padding rows of every dict that
-    holds ``PHYSICAL_TO_LOGICAL_DISPATCH_KEY`` (in step).
+    holds ``PHYSICAL_TO_LOGICAL_DISPATCH_KEY`` (in step). axlearn compatibility.
 
     Deprecated, as in axlearn (a ``DeprecationWarning`` once): prefer ``InputDispatcher``,
     whose ``physical_to_logical_batch`` does the same with a key that moves 8 bytes per row.
