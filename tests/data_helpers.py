@@ -4,6 +4,7 @@ and the save/resume harness."""
 from __future__ import annotations
 
 import gc
+import pickle
 import threading
 import time
 
@@ -73,6 +74,12 @@ def ids(global_batch):
     return ts.replicate_to_local_data(global_batch["id"]).tolist()
 
 
+def process_entry(state):
+    """The one process's entry (``"process_<i>"``) of a loader's state."""
+    (entry,) = [v for k, v in state.items() if k.startswith("process_")]
+    return entry
+
+
 def save_resume(make, *, midpoint, prefetch, batch_bytes, read=ids):
     """The shared save/resume check of a stateful loader.
 
@@ -99,11 +106,11 @@ def save_resume(make, *, midpoint, prefetch, batch_bytes, read=ids):
         ahead = min(stop + prefetch, n)
         assert wait_until(lambda: loader.stats.bytes >= ahead * batch_bytes)
     state = loader.state_dict()
-    assert state["next_batch"] == (0 if midpoint == "end" else stop)
+    assert process_entry(state)["next_batch"] == (0 if midpoint == "end" else stop)
     loader.close()
 
     resumed = make(prefetch)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(state)))  # as a checkpoint holds it
     rest = [read(b) for b in resumed]
     if midpoint == "end":
         assert taken == reference

@@ -59,6 +59,7 @@ from torchshard._visualize.sharding import visualize_sharding as visualize_shard
 from torchshard.data._collate import sharded_collate as sharded_collate
 from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._sampler import host_sampler as host_sampler
+from torchshard.data._stream import stream_shard as stream_shard
 
 # axlearn compatibility: axlearn's names and semantics, for code ported from it; new code has a
 # plainer way (PartitionSpecs instead of DataPartitionType, InputDispatcher instead of
@@ -111,6 +112,7 @@ __all__ = [
     "set_value_check",
     "setup_cpu_emulation",
     "sharded_collate",
+    "stream_shard",
     "visualize_sharding",
     "with_sharding_constraint",
 ]

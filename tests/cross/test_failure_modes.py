@@ -3,6 +3,7 @@ leaf's path (or the argument), what was expected, what was found, and the fix. E
 failed on the code before these checks (a wrong result, a silent pass, or another message).
 """
 
+import pickle
 import re
 import warnings
 
@@ -592,105 +593,113 @@ def _stateful_loader(prefetch=0):
     return ts.GlobalBatchLoader(StatefulDataLoader(Rows(), batch_size=8), prefetch=prefetch)
 
 
+def _entry(saved, **change):
+    """``saved`` with process 0's entry changed."""
+    return {**saved, "process_0": {**saved["process_0"], **change}}
+
+
+_KIND = (
+    "state_dict: expected a dict from GlobalBatchLoader.state_dict() (keys 'process_<i>' and "
+    "'common', with common['loader'] == 'GlobalBatchLoader'), but got "
+)
+_NEXT = "state_dict['process_0']['next_batch']: expected "
+
+
 @pytest.mark.parametrize(
     ("state", "error", "message"),
     [
         (
-            [1, 2],
+            lambda saved: [1, 2],
             TypeError,
             (
-                "state_dict: expected a dict with keys ['next_batch', 'source'] (from "
-                "GlobalBatchLoader.state_dict()), but got list."
+                "state_dict: expected a dict from GlobalBatchLoader.state_dict() (keys "
+                "'process_<i>' and 'common'), but got list."
             ),
         ),
         (
-            {"source": {}},
+            lambda saved: {"source": {}},
+            ValueError,
+            _KIND + "keys ['source']. It holds one process's entry ('source'/'sources', "
+            "'next_batch'): pass the whole dict that state_dict() returned.",
+        ),
+        (
+            lambda saved: {"_num_yielded": 1, "fetcher_state": None},
+            ValueError,
+            _KIND + "keys ['_num_yielded', 'fetcher_state']. It is not a GlobalBatchLoader's "
+            "state (a source's own state, or another loader's?): pass what "
+            "GlobalBatchLoader.state_dict() returned.",
+        ),
+        (
+            lambda saved: {**saved, "common": {**saved["common"], "loader": "StatefulDataLoader"}},
+            ValueError,
+            _KIND + "keys ['common', 'process_0'].",
+        ),
+        (
+            lambda saved: {**saved, "common": {"loader": "GlobalBatchLoader"}},
             ValueError,
             (
-                "state_dict: expected a dict with keys ['next_batch', 'source'] (from "
-                "GlobalBatchLoader.state_dict()), but got ['source']."
+                "state_dict['common']: expected the keys ['consumed', 'epoch', 'hosts', "
+                "'loader', 'num_examples', 'processes', 'seed', 'shuffle'], but got ['loader']."
             ),
         ),
         (
-            {"sources": [{}, {}], "next_batch": 0},
-            ValueError,
-            (
-                "state_dict: expected a dict with keys ['next_batch', 'source'] (from "
-                "GlobalBatchLoader.state_dict()), but got ['next_batch', 'sources']. It is the "
-                "state of a loader with one source per host; this loader has 1."
-            ),
-        ),
-        (
-            {"_num_yielded": 1, "fetcher_state": None},
-            ValueError,
-            (
-                "state_dict: expected a dict with keys ['next_batch', 'source'] (from "
-                "GlobalBatchLoader.state_dict()), but got ['_num_yielded', 'fetcher_state']. Pass "
-                "what GlobalBatchLoader.state_dict() returned, not the source's own state."
-            ),
-        ),
-        (
-            {"source": "FRESH", "next_batch": "2"},
+            lambda saved: {**saved, "common": {**saved["common"], "processes": "1"}},
             TypeError,
             (
-                "state_dict['next_batch']: expected an int (the index of the next batch of the "
-                "epoch, >= 0), but got '2' of type str."
+                "state_dict['common']['processes']: expected an int (a count, >= 0), but got '1' "
+                "of type str."
             ),
         ),
         (
-            {"source": "FRESH", "next_batch": 1.5},
-            TypeError,
-            (
-                "state_dict['next_batch']: expected an int (the index of the next batch of the "
-                "epoch, >= 0), but got 1.5 of type float."
-            ),
-        ),
-        (
-            {"source": "FRESH", "next_batch": True},
-            TypeError,
-            (
-                "state_dict['next_batch']: expected an int (the index of the next batch of the "
-                "epoch, >= 0), but got True of type bool."
-            ),
-        ),
-        (
-            {"source": "FRESH", "next_batch": -1},
-            ValueError,
-            (
-                "state_dict['next_batch']: expected the index of the next batch of the epoch, >= "
-                "0, but got -1."
-            ),
-        ),
-        (
-            {"source": None, "next_batch": 0},
-            TypeError,
-            (
-                "state_dict['source']: expected the state of this loader's source "
-                "(StatefulDataLoader: a dict with keys ['_IterableDataset_len_called', "
-                "'_index_sampler_state', '_iterator_finished', '_num_yielded', "
-                "'_sampler_iter_state', '_sampler_iter_yielded', '_shared_seed', 'dataset_state', "
-                "'fetcher_state']), but got NoneType None."
-            ),
-        ),
-        (
-            {
-                "source": {
-                    "_snapshot": {},
-                    "_steps_since_snapshot": 0,
-                    "_iterator_finished": False,
-                },
-                "next_batch": 0,
+            lambda saved: {
+                "process_0": {"sources": [None, None], "next_batch": 0},
+                "common": saved["common"],
             },
             ValueError,
             (
-                "state_dict['source']: expected the state of this loader's source "
-                "(StatefulDataLoader: a dict with keys ['_IterableDataset_len_called', "
-                "'_index_sampler_state', '_iterator_finished', '_num_yielded', "
-                "'_sampler_iter_state', '_sampler_iter_yielded', '_shared_seed', 'dataset_state', "
-                "'fetcher_state']), but got keys ['_iterator_finished', '_snapshot', "
-                "'_steps_since_snapshot']; it was saved from another kind of source (or one "
-                "configured otherwise, e.g. another num_workers). Load the state that this "
-                "loader's state_dict() saved."
+                "state_dict['process_0']: expected the keys ['next_batch', 'source'], but got "
+                "['next_batch', 'sources']. It is the state of a loader with one source per "
+                "host; this loader has 1."
+            ),
+        ),
+        (
+            lambda saved: _entry(saved, next_batch="2"),
+            TypeError,
+            _NEXT + "an int (the index of the next batch of the epoch, >= 0), but got '2' of "
+            "type str.",
+        ),
+        (
+            lambda saved: _entry(saved, next_batch=1.5),
+            TypeError,
+            _NEXT + "an int (the index of the next batch of the epoch, >= 0), but got 1.5 of "
+            "type float.",
+        ),
+        (
+            lambda saved: _entry(saved, next_batch=True),
+            TypeError,
+            _NEXT + "an int (the index of the next batch of the epoch, >= 0), but got True of "
+            "type bool.",
+        ),
+        (
+            lambda saved: _entry(saved, next_batch=-1),
+            ValueError,
+            _NEXT + "the index of the next batch of the epoch, >= 0, but got -1.",
+        ),
+        (
+            lambda saved: _entry(saved, source={"_num_yielded": 1}),
+            TypeError,
+            (
+                "state_dict['process_0']['source']: expected a source's state as "
+                "GlobalBatchLoader.state_dict() saved it (bytes, or None), but got dict "
+                "{'_num_yielded': 1}."
+            ),
+        ),
+        (
+            lambda saved: _entry(saved, source=pickle.dumps({"pos": 3})),
+            ValueError,
+            (
+                "state_dict['process_0']['source']: not a source's state saved by "
+                "GlobalBatchLoader.state_dict()."
             ),
         ),
     ],
@@ -703,10 +712,8 @@ def test_load_state_dict_refuses_bad_values_before_changing_anything(
     it = iter(loader)
     next(it)
     saved = loader.state_dict()
-    if isinstance(state, dict) and state.get("source") == "FRESH":
-        state = {**state, "source": saved["source"]}
     with pytest.raises(error, match=_exactly(message)):
-        loader.load_state_dict(state)
+        loader.load_state_dict(state(saved))
     # nothing changed: the epoch goes on, and the position is the one before the call
     assert loader.state_dict() == saved
     assert [b["x"].cpu()[0, 0].item() for b in it] == [8.0, 16.0, 24.0]
@@ -732,13 +739,15 @@ def test_load_state_dict_per_host_sources(mesh8):
         with pytest.raises(
             TypeError,
             match=_exactly(
-                "state_dict['sources']: expected a list with one state per source (2), but got "
-                "dict."
+                "state_dict['process_0']['sources']: expected a list with one state per source "
+                "(2), but got NoneType."
             ),
         ):
-            loader.load_state_dict({"sources": state["sources"][0], "next_batch": 0})
-        with pytest.raises(ValueError, match=re.escape("state_dict['sources'][1]: expected the")):
-            loader.load_state_dict({"sources": [state["sources"][0], {}], "next_batch": 0})
+            loader.load_state_dict({**state, "process_0": {"sources": None, "next_batch": 0}})
+        with pytest.raises(
+            TypeError, match=re.escape("state_dict['process_0']['sources'][1]: expected a source")
+        ):
+            loader.load_state_dict({**state, "process_0": {"sources": [None, {}], "next_batch": 0}})
 
 
 def test_plain_dataloader_is_still_refused_as_before(mesh8):

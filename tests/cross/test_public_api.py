@@ -29,7 +29,7 @@ SURFACE = {
         # in the step
         "with_sharding_constraint", "maybe_shard", "InputDispatcher", "SpmdInputDispatcher",
         # feeding from a DataLoader
-        "GlobalBatchLoader", "host_sampler", "sharded_collate",
+        "GlobalBatchLoader", "host_sampler", "sharded_collate", "stream_shard",
         # checks across processes
         "set_agreement_check", "set_value_check",
         # errors: the base here, every type in torchshard.errors
@@ -39,7 +39,10 @@ SURFACE = {
         "dispatch_input_batch", "PHYSICAL_TO_LOGICAL_DISPATCH_KEY",
         "host_to_global_device_array", "infer_mesh_shape",
     ],
-    "torchshard.data": ["GlobalBatchLoader", "LoaderStats", "host_sampler", "sharded_collate"],
+    "torchshard.data": [
+        "GlobalBatchLoader", "HostSampler", "LoaderStats", "host_sampler", "sharded_collate",
+        "stream_shard",
+    ],
     "torchshard.testing": [
         "assert_global_equal", "assert_sharded", "global_batch_loader_per_host",
         "global_to_host_array_per_host", "host_to_global_array_per_host",

@@ -419,18 +419,31 @@ def test_resume_yields_exactly_the_batches_not_taken(kind, prefetch, midpoint):
             save_resume(KINDS[kind], midpoint=midpoint, prefetch=prefetch, batch_bytes=BATCH_BYTES)
 
 
-def test_state_before_iterating_is_the_sources(mesh42):
-    source = StatefulDataLoader(Rows(16), batch_size=8)
+def test_state_before_iterating_asks_nothing_of_the_source(mesh42):
+    class Watched(StatefulDataLoader):
+        asked = 0
+
+        def state_dict(self):
+            Watched.asked += 1
+            return super().state_dict()
+
+    source = Watched(Rows(16), batch_size=8)
     loader = ts.GlobalBatchLoader(source)
-    assert loader.state_dict() == {"source": source.state_dict(), "next_batch": 0}
+    state = loader.state_dict()
+    assert Watched.asked == 0  # a fresh source is not asked (torchdata.nodes would be disturbed)
+    assert state["process_0"] == {"source": None, "next_batch": 0}
+    assert state["common"]["loader"] == "GlobalBatchLoader"
+    assert (state["common"]["processes"], state["common"]["hosts"]) == (1, 1)
+    loader.load_state_dict(state)  # a new pass
+    assert [i for b in loader for i in ids(b)] == list(range(16))
 
 
 def test_state_needs_a_stateful_source(mesh42):
     loader = ts.GlobalBatchLoader(DataLoader(Rows(16), batch_size=8))
     msg = (
         "GlobalBatchLoader.state_dict: the source (DataLoader) has no state_dict()/"
-        "load_state_dict(); use torchdata.stateful_dataloader.StatefulDataLoader to checkpoint "
-        "the input position."
+        "load_state_dict() (nor get_state()/set_state()) and reads no torchshard.host_sampler; "
+        "use torchdata.stateful_dataloader.StatefulDataLoader to checkpoint the input position."
     )
     with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
         loader.state_dict()
@@ -439,8 +452,10 @@ def test_state_needs_a_stateful_source(mesh42):
 def test_load_state_checks_its_keys(mesh42):
     loader = ts.GlobalBatchLoader(StatefulDataLoader(Rows(16), batch_size=8))
     msg = (
-        "state_dict: expected a dict with keys ['next_batch', 'source'] (from "
-        "GlobalBatchLoader.state_dict()), but got ['sources']."
+        "state_dict: expected a dict from GlobalBatchLoader.state_dict() (keys 'process_<i>' and "
+        "'common', with common['loader'] == 'GlobalBatchLoader'), but got keys ['sources']. It "
+        "holds one process's entry ('source'/'sources', 'next_batch'): pass the whole dict that "
+        "state_dict() returned."
     )
     with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
         loader.load_state_dict({"sources": []})

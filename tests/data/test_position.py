@@ -48,14 +48,14 @@ def test_the_loaders_state_follows_the_current_epochs_cursor(mesh8):
     first = iter(loader)
     next(first)
     next(first)
-    assert loader.state_dict()["next_batch"] == 2
+    assert loader.state_dict()["process_0"]["next_batch"] == 2
     second = iter(loader)  # a new epoch: a new cursor
-    assert loader.state_dict()["next_batch"] == 0
+    assert loader.state_dict()["process_0"]["next_batch"] == 0
     got = ts.replicate_to_local_data(next(second))
     assert got.tolist() == list(range(8))
-    assert loader.state_dict()["next_batch"] == 1
+    assert loader.state_dict()["process_0"]["next_batch"] == 1
     with pytest.raises(RuntimeError, match=re.escape("ended before batch 2 by a later iter()")):
         next(first)  # the replaced epoch neither yields nor moves the position
-    assert loader.state_dict()["next_batch"] == 1
+    assert loader.state_dict()["process_0"]["next_batch"] == 1
     assert np.array_equal(ts.replicate_to_local_data(next(second)).numpy(), np.arange(8, 16))
     loader.close()

@@ -46,6 +46,7 @@ def test_loader_stats_is_a_frozen_value_of_zeros():
         "bytes",
         "wait_seconds",
         "transfer_seconds",
+        "dropped_examples",
     ]
 
 

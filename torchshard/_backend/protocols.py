@@ -222,13 +222,15 @@ class ProcessChecks(Protocol):
         ...
 
     def exchange(
-        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard", force: bool = False
     ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
         ``compares`` is False): the collective behind ``agree_begin``, for callers that
         describe more than a call (a loader's batch outcome). ``what`` names the call: it is
         compared too (processes in different calls are out of step), and a process that does
-        not answer within the default group's timeout makes a ``CollectiveError`` naming it."""
+        not answer within the default group's timeout makes a ``CollectiveError`` naming it.
+        ``force``: exchange also with the agreement check off (on several processes), for a
+        caller that needs the others' items (a loader's end of data)."""
         ...
 
     def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:

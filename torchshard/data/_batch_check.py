@@ -74,7 +74,8 @@ class BatchChecker:
                 )
 
 
-def _leaf_specs(mesh: Mesh, spec_tree: Any, tree: Any) -> list[PartitionSpec]:
+def leaf_specs(mesh: Mesh, spec_tree: Any, tree: Any) -> list[PartitionSpec]:
+    """Each leaf's spec (the default: dim 0 over every axis of the current mesh)."""
     if spec_tree is None or isinstance(spec_tree, PartitionSpec):
         specs = [spec_tree] * len(flatten(tree)[0])
     elif not isinstance(spec_tree, (dict, list, tuple)):  # the FULL default
@@ -87,7 +88,7 @@ def _leaf_specs(mesh: Mesh, spec_tree: Any, tree: Any) -> list[PartitionSpec]:
 def _data_first(tree: Any, spec_tree: Any, mesh: Mesh, name: str) -> list[tuple[Any, Any, str]]:
     """(leaf, spec, path) of every leaf, the dispatch key last (errors name a data leaf)."""
     leaves, treespec = flatten(tree)
-    rows = list(zip(leaves, _leaf_specs(mesh, spec_tree, tree), paths(treespec, name), strict=True))
+    rows = list(zip(leaves, leaf_specs(mesh, spec_tree, tree), paths(treespec, name), strict=True))
     return sorted(rows, key=lambda r: PHYSICAL_TO_LOGICAL_DISPATCH_KEY in r[2])
 
 

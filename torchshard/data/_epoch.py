@@ -18,10 +18,13 @@ from typing import Any
 from torchshard._backend.protocols import Backend
 from torchshard._core.agreement import outcome_disagreement, value_check_enabled
 from torchshard._core.context import thread_mesh
+from torchshard._core.errors import ProcessDisagreementError
 from torchshard._core.mesh import Mesh
+from torchshard.data._ends import settle
 from torchshard.data._position import Cursor
 from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import OUTCOME, Ended, Made, Producer
+from torchshard.data._sampler import HostSampler
 from torchshard.data._stats import Counters
 
 
@@ -41,17 +44,39 @@ class Epoch(Iterator[Any]):
     Args:
         producer: makes the epoch's batches (the thread owns it when ``prefetch > 0``).
         prefetch: the most batches made ahead of the consumer (0: made inside ``next()``).
-        counters: the loader's counters (batches, wait seconds).
+        counters: the loader's counters (batches, wait seconds, dropped examples).
         cursor: this epoch's position, moved as the consumer takes batches.
+        processes: the number of processes (each one's batch counts in the global position).
+        share: ``(shards, hosts)``: the examples of a global batch are the processes' real rows
+            times ``shards / hosts`` (``hosts``: the sources of every process; replicas that
+            read the same shard count once); ``None``: the position is not kept.
+        samplers: the sources' ``HostSampler``s (their pass restarts at 0 after the epoch).
+        prefetch_bytes: the most bytes of batches made ahead (``None``: only ``prefetch``).
     """
 
     def __init__(
-        self, producer: Producer, prefetch: int, *, counters: Counters, cursor: Cursor
+        self,
+        producer: Producer,
+        prefetch: int,
+        *,
+        counters: Counters,
+        cursor: Cursor,
+        processes: int = 1,
+        share: tuple[int, int] | None = None,
+        samplers: list[HostSampler] | None = None,
+        prefetch_bytes: int | None = None,
     ) -> None:
         self._mesh = producer.mesh
         self._backend = producer.backend
         self._counters = counters
         self._cursor = cursor
+        self._policy = producer.policy
+        self._exchange = producer.exchange
+        self._tally = producer.tally
+        self._yielded = 0  # real examples of this process's sources yielded in this epoch
+        self._processes = processes
+        self._share = share
+        self._samplers = samplers or []
         self._next = producer.first
         self._producer: Producer | None = producer
         self._prefetcher: Prefetcher[Any] | None = None
@@ -67,6 +92,8 @@ class Epoch(Iterator[Any]):
                 name="torchshard-loader",
                 context=lambda: _loader_thread(mesh, backend),
                 where=lambda i: f"batch {first + i}",
+                budget=prefetch_bytes,
+                size=lambda made: made.nbytes if isinstance(made, Made) else 0,
             )
             self._producer = None  # the thread owns it now
             weakref.finalize(self, self._prefetcher.close)
@@ -95,7 +122,7 @@ class Epoch(Iterator[Any]):
             ended = end.value if isinstance(end.value, Ended) else Ended(None, None)
             self.close()
             self._agree(ended.outcome, None, None)
-            self._cursor.end(ended.snapshot)
+            self._stop(ended.snapshot)
             raise StopIteration from None
         except Exception as e:
             self.close()
@@ -105,47 +132,91 @@ class Epoch(Iterator[Any]):
             self.close()
             raise
         try:
-            self._agree(made.outcome, made.where, None)
+            settled = self._agree(made.outcome, made.where, None)
+        except BaseException:
+            self.close()
+            raise
+        if settled is not None and settled[0]:  # every process stops here (drop or pad)
+            self.close()
+            self._stop(made.snapshot if self._policy == "pad" else None)
+            raise StopIteration
+        try:
             if made.outcome is not None and value_check_enabled():
                 what = f"GlobalBatchLoader: batch {self._next}"
                 checks = self._backend.processes
                 if checks is not None:
-                    checks.check_values(self._mesh, made.batch, argname="batch", what=what)
+                    batch = made.batch[0] if self._policy == "pad" else made.batch
+                    checks.check_values(self._mesh, batch, argname="batch", what=what)
         except BaseException:
             self.close()
             raise
         if made.ready is not None:  # this thread's stream waits for this batch's copies
             made.ready()
         self._counters.add(batches=1, wait_seconds=time.perf_counter() - t0)
-        self._cursor.advance(made.snapshot)
+        rows = sum(settled[1]) if settled is not None else self._processes * made.rows
+        self._yielded += made.rows
+        self._cursor.advance(made.snapshot, self._examples(rows))
         self._next += 1
         return made.batch
+
+    def _examples(self, rows: int) -> int:
+        """The global batch's examples of the epoch's order (``rows``: every process's)."""
+        if self._share is None:
+            return 0
+        shards, hosts = self._share
+        return rows * shards // hosts
+
+    def _stop(self, snapshot: list[Any] | None) -> None:
+        """The epoch ends (its sources' end, or every process stopping together): counts what
+        the drop policy dropped, restarts the samplers' pass and moves the cursor to the next
+        epoch."""
+        if self._policy == "drop":
+            dropped = self._tally.read - self._yielded
+            if dropped:
+                self._counters.add(dropped_examples=dropped)
+        for sampler in self._samplers:
+            sampler.resume(sampler.epoch, 0)
+        self._cursor.end(snapshot)
 
     def _agree(
         self,
         outcome: list[str] | None,
         where: Callable[[int], str] | None,
         error: BaseException | None,
-    ) -> None:
+    ) -> tuple[bool, list[int]] | None:
         """The agreement step on batch ``self._next``'s outcome (a collective on every process,
         in program order): raises ``ProcessDisagreementError`` on every process whose outcome is
         a batch or the end when the outcomes differ; a process whose outcome is ``error`` gets
-        a note on it instead (its caller re-raises it)."""
+        a note on it instead (its caller re-raises it). With ``last_batch="drop"``/``"pad"`` on
+        several processes it runs also with the agreement check off, and returns ``(stop, real
+        rows per process)``: every process stops, or goes on, at the same batch."""
         if outcome is None:
-            return
+            return None
         what = f"GlobalBatchLoader: batch {self._next}"
         checks = self._backend.processes
-        every = None if checks is None else checks.exchange(self._mesh, outcome, what=what)
+        if checks is None:
+            return None
+        every = checks.exchange(self._mesh, outcome, what=what, force=self._exchange)
+        paths = where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}")
+        if self._exchange:
+            try:
+                return settle(
+                    self._policy,
+                    every if every is not None else [outcome] * self._processes,
+                    what=what,
+                    where=paths,
+                )
+            except ProcessDisagreementError as differ:
+                if error is None:
+                    raise
+                error.add_note(f"(the other processes' outcomes differ: {differ})")
+                return None
         if every is None:
-            return
-        problem = outcome_disagreement(
-            what,
-            every,
-            where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}"),
-        )
+            return None
+        problem = outcome_disagreement(what, every, paths)
         if error is not None:
             error.add_note(f"(the other processes' outcomes differ: {problem})")
-            return
+            return None
         raise problem
 
     def _produce_here(self) -> Made:

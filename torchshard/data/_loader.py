@@ -22,18 +22,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from torchshard._backend.registry import lookup
-from torchshard._core.checks import nonnegative_int
+from torchshard._core.checks import nonnegative_int, positive_int
 from torchshard._core.context import current_mesh, thread_mesh
 from torchshard._core.errors import NoMeshError, ShardingError, at
+from torchshard._core.mesh import Mesh as MeshValue
 from torchshard._core.partition import DEFAULT_PARTITION, feed_partition
 from torchshard._core.topology import Topology
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
+from torchshard.data import _state
+from torchshard.data._ends import check_policy, full_rows
 from torchshard.data._epoch import Epoch
 from torchshard.data._position import Cursor
-from torchshard.data._producer import Producer, stateful
+from torchshard.data._producer import Producer
 from torchshard.data._stats import Counters, LoaderStats
+from torchshard.data._stream import record_for_workers
 
 
 class GlobalBatchLoader(Iterable[Any]):
@@ -54,6 +58,32 @@ class GlobalBatchLoader(Iterable[Any]):
         prefetch: the most batches transferred ahead of the consumer (the batch it holds is
             not counted; no transfer starts before a slot is free). ``0``: no thread, each
             batch is transferred inside ``next()``.
+        prefetch_bytes: the most host bytes of batches transferred ahead (``None``: no bound
+            but ``prefetch``). A batch is read only while the batches ahead and one more of the
+            last one's size fit; one batch always moves, even larger than the bound. Host
+            memory then holds at most the consumer's batch and ``prefetch_bytes`` more.
+        last_batch: what happens when the sources run out unevenly (a short last batch, or one
+            process's source ending before another's):
+
+            - ``"error"`` (the default): the batch where they disagree raises, on every process
+              (``ProcessDisagreementError`` naming each one's outcome).
+            - ``"drop"``: every process stops at the same batch, the first at which any
+              process's source ends or gives a short batch (its ``batch_size``, else the first
+              batch's rows, is a whole batch); what was read and not yielded is counted in
+              ``stats.dropped_examples``.
+            - ``"pad"``: every batch is ``(batch, mask)``: ``mask`` is a global bool tensor of
+              shape ``(global_batch_size,)``, split along dim 0 like the batch, ``True`` for
+              real examples; in each process's block the real rows come first. A short batch
+              is padded with zero rows, and a process whose source ended contributes zero rows
+              until every process's source has ended: every process runs the same number of
+              steps on batches of the same shapes (no recompilation at the epoch's end), and a
+              metric weighted by ``mask`` counts every example of the epoch once. With a
+              dispatcher the mask has the physical batch's rows (the dispatcher's padding rows
+              are ``False`` too).
+
+            With ``"drop"``/``"pad"`` on several processes (DTensor), every ``next()``
+            exchanges each process's status through the default group's store, also with the
+            agreement check off (bounded by the group's timeout, like the check).
 
     Raises (at the consumer's ``next()`` for the batch concerned, as the original exception
     with a note naming the batch): the source's own errors; ``ShardingError`` (a
@@ -88,6 +118,8 @@ class GlobalBatchLoader(Iterable[Any]):
         mesh: Mesh | None = None,
         dispatcher: Dispatcher | None = None,
         prefetch: int = 2,
+        prefetch_bytes: int | None = None,
+        last_batch: str = "error",
     ) -> None:
         self._setup(
             [loader],
@@ -96,6 +128,8 @@ class GlobalBatchLoader(Iterable[Any]):
             mesh=mesh,
             prefetch=prefetch,
             per_host=False,
+            prefetch_bytes=prefetch_bytes,
+            last_batch=last_batch,
         )
 
     def _setup(
@@ -107,6 +141,8 @@ class GlobalBatchLoader(Iterable[Any]):
         mesh: Mesh | None,
         prefetch: int,
         per_host: bool,
+        prefetch_bytes: int | None = None,
+        last_batch: str = "error",
     ) -> None:
         for h, s in enumerate(sources):
             if not isinstance(s, Iterable):
@@ -135,6 +171,10 @@ class GlobalBatchLoader(Iterable[Any]):
                 f"{len(dispatchers)}."
             )
         prefetch = nonnegative_int(prefetch, "prefetch")
+        if prefetch_bytes is not None:
+            prefetch_bytes = positive_int(prefetch_bytes, "prefetch_bytes")
+        self._last_batch = check_policy(last_batch)
+        self._prefetch_bytes = prefetch_bytes
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"mesh: expected a torchshard.Mesh or None, but got {mesh!r}.")
         self._sources = sources
@@ -148,7 +188,10 @@ class GlobalBatchLoader(Iterable[Any]):
         # The consumer's position: the sources' state after the batch it took last (None:
         # never iterated) and the index in its epoch of the batch it takes next.
         self._cursor = Cursor(None, 0)
-        self._resume_at: int | None = None  # set by load_state_dict for the next iter()
+        # Set by load_state_dict for the next iter(): its first batch and global position.
+        self._resume_at: int | None = None
+        self._resume_consumed = 0
+        self._last_mesh: MeshValue | None = None
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -172,9 +215,28 @@ class GlobalBatchLoader(Iterable[Any]):
         checks = backend.processes
         if checks is not None:  # its set-up collectives run here, never on the loader's thread
             checks.prepare(mesh)
-        its = [iter(s) for s in self._sources]  # DataLoader workers start in this thread
+        topology = current_topology(mesh)
+        processes = 1 if self._per_host else topology.process_count
+        exchange = self._last_batch != "error" and processes > 1
+        if exchange and checks is None:
+            raise ShardingError(
+                f"GlobalBatchLoader(last_batch={self._last_batch!r}): every process must know "
+                f"where the others' sources end, but the {backend.name!r} backend has no "
+                f"exchange between its {processes} processes outside a step. Use "
+                "last_batch='error' with sources that end together (torchshard.host_sampler "
+                "with drop_last=True), or the DTensor backend."
+            )
+        its = []
+        with thread_mesh(mesh):  # DataLoader workers start here, in this thread
+            for h, s in enumerate(self._sources):
+                record_for_workers(mesh, topology, process_index=topology.data_hosts[h])
+                its.append(iter(s))
         first = self._resume_at or 0
-        self._resume_at = None
+        consumed = self._resume_consumed if self._resume_at is not None else None
+        self._resume_at, self._resume_consumed = None, 0
+        samplers = _state.samplers(self._sources)
+        if consumed is None:
+            consumed = samplers[0].start if samplers else 0
         producer = Producer(
             its,
             self._sources,
@@ -186,10 +248,26 @@ class GlobalBatchLoader(Iterable[Any]):
             per_host=self._per_host,
             explicit_partition=self._partition is not DEFAULT_PARTITION,
             agree=len(self._sources) == 1 and checks is not None and checks.compares(mesh),
+            policy=self._last_batch,
+            exchange=exchange,
+            full=[full_rows(s) for s in self._sources],
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
-        self._cursor = Cursor(producer.snapshot(), first)
-        epoch = Epoch(producer, self._prefetch, counters=self._counters, cursor=self._cursor)
+        self._cursor = Cursor(producer.snapshot(), first, consumed)
+        self._last_mesh = mesh
+        share = None
+        if samplers:
+            share = (samplers[0].num_replicas, processes * len(self._sources))
+        epoch = Epoch(
+            producer,
+            self._prefetch,
+            counters=self._counters,
+            cursor=self._cursor,
+            processes=processes,
+            share=share,
+            samplers=samplers,
+            prefetch_bytes=self._prefetch_bytes,
+        )
         self._epoch = weakref.ref(epoch)
         return epoch
 
@@ -242,112 +320,150 @@ class GlobalBatchLoader(Iterable[Any]):
         return self._counters.value
 
     # -- checkpointing --------------------------------------------------------------------
-    def _key(self) -> str:
-        return "source" if len(self._sources) == 1 else "sources"
+    def _where(self) -> tuple[int, int, int]:
+        """``(process index, processes, data hosts)`` of this loader's state: one process
+        feeding every host of a per-host loader; else the mesh's topology (the loader's, the
+        current one, the last ``iter()``'s, else the default backend's)."""
+        if self._per_host:
+            return 0, 1, len(self._sources)
+        mesh = self._mesh or current_mesh() or self._last_mesh
+        topology = current_topology(mesh)
+        return topology.process_index, topology.process_count, topology.process_count
+
+    def _position(self) -> _state.Position | None:
+        samplers = _state.samplers(self._sources)
+        if samplers is None:
+            return None
+        s = samplers[0]
+        return _state.Position(epoch=s.epoch, consumed=self._cursor.consumed, **s.identity())
 
     def state_dict(self) -> dict[str, Any]:
-        """The position of the consumer: the source's state after the last batch it took.
+        """The position of the consumer, taken now: a snapshot nothing changes afterwards.
 
-        Batches prefetched but not yet taken are not counted, so resuming from this state
-        yields them again. Requires a stateful source (``state_dict``/``load_state_dict``,
-        e.g. ``torchdata.stateful_dataloader.StatefulDataLoader``).
+        ``{"process_<i>": {"source": ..., "next_batch": k}, "common": {...}}``: this process's
+        entry (``"sources"``, one per host, for ``global_batch_loader_per_host``) holds each
+        source's state after the last batch the consumer took (a deep copy taken then, pickled:
+        batches prefetched but not yet taken are not counted, so a resume yields them again);
+        ``"common"``, the same on every process, holds how many processes and data hosts saved
+        it and, for sources that read through ``torchshard.host_sampler``, the epoch and the
+        examples of its global order consumed, which any number of hosts can resume from.
+
+        Sources: ``state_dict()``/``load_state_dict()`` (``StatefulDataLoader``,
+        ``torchdata.nodes.Loader``), ``get_state()``/``set_state()`` (grain), or a
+        ``DataLoader`` over ``torchshard.host_sampler`` (resumed by its position alone).
+        Before the first ``iter()`` a source's state is ``None``: the source is not asked for
+        one (a ``torchdata.nodes.Loader`` asked before ``iter()`` would ignore a state loaded
+        later), and loading it starts the source's next pass afresh.
+
+        With ``torch.distributed.checkpoint``, every process saves the loader as a
+        ``Stateful`` (``dcp.save({"loader": loader}, ...)``): the per-process keys differ, and
+        the common entry is equal everywhere, so the checkpoint keeps one of it.
         """
-        self._require_stateful("state_dict")
+        self._require_checkpointable("state_dict")
+        process, processes, hosts = self._where()
         snapshot = self._cursor.snapshot
-        if snapshot is None:  # never iterated
-            snapshot = [s.state_dict() for s in self._sources]
-        value = snapshot[0] if len(self._sources) == 1 else list(snapshot)
-        return {self._key(): value, "next_batch": self._cursor.next_batch}
+        states = list(snapshot) if snapshot is not None else [None] * len(self._sources)
+        return _state.build(
+            process=process,
+            per_host=self._per_host,
+            sources=self._sources,
+            states=states,
+            next_batch=self._cursor.next_batch,
+            processes=processes,
+            hosts=hosts,
+            position=self._position(),
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any], /) -> None:
         """Restores a position from ``state_dict()``; the next ``iter()`` resumes there.
 
-        Everything is checked before anything changes: the keys, ``next_batch`` (an int >= 0),
-        one state per source, and each source state against the source's own (a dict state
-        must have the keys the source's ``state_dict()`` has: a state saved from another kind
-        of source, or from a ``StatefulDataLoader`` with another ``num_workers``, is refused).
-        An epoch in progress is ended: its iterator, if used again, raises ``RuntimeError``.
+        Takes the state this process saved, or the union of every process's states (the
+        common entry is equal in all). Saved by as many processes and data hosts as this run
+        has: each source loads its own state (``load_state_dict``/``set_state``). Saved by
+        another number (``N`` processes resumed on ``M``): the sources must read through
+        ``torchshard.host_sampler`` (same dataset length, seed and shuffle); each sampler then
+        restarts the saved epoch at the next unconsumed example of its global order, split
+        over the new hosts, and the sources start a new pass (their own saved states, which
+        are per process, are not used). With ``torch.distributed.checkpoint`` on more
+        processes than saved, load with ``DefaultLoadPlanner(allow_partial_load=True)`` (the
+        new processes' keys are not in the checkpoint).
+
+        Everything is checked before anything changes, and the sources are not asked for
+        their state (a ``torchdata.nodes.Loader`` would then ignore the loaded one). An epoch
+        in progress is ended: its iterator, if used again, raises ``RuntimeError``.
 
         Raises:
-            ValueError: wrong keys, a negative ``next_batch``, another number of sources, a
-                source state that is not this source's kind.
+            ValueError: not a ``GlobalBatchLoader``'s state, wrong keys, a negative
+                ``next_batch``, another number of sources, a source state saved from another
+                kind of source (or another ``num_workers``), another number of hosts with
+                sources whose state is per process (naming both counts and the fix), or
+                samplers of another order.
             TypeError: a ``state_dict`` that is not a dict, a ``next_batch`` that is not an int.
         """
-        self._require_stateful("load_state_dict")
-        key = self._key()
-        expected = {key, "next_batch"}
-        if not isinstance(state_dict, dict) or set(state_dict) != expected:
-            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            hint = ""
-            other = "sources" if key == "source" else "source"
-            if isinstance(state_dict, dict) and set(state_dict) == {other, "next_batch"}:
-                kind = "one source per host" if other == "sources" else "one source"
-                hint = (
-                    f" It is the state of a loader with {kind}; this loader has "
-                    f"{len(self._sources)}."
-                )
-            elif isinstance(state_dict, dict) and not {"next_batch", key, other} & set(state_dict):
-                hint = (
-                    " Pass what GlobalBatchLoader.state_dict() returned, not the source's own "
-                    "state."
-                )
-            error = ValueError if isinstance(state_dict, dict) else TypeError
-            raise error(
-                f"state_dict: expected a dict with keys {sorted(expected)} (from "
-                f"GlobalBatchLoader.state_dict()), but got {got}.{hint}"
-            )
-        next_batch = state_dict["next_batch"]
-        if isinstance(next_batch, bool) or not isinstance(next_batch, int):
-            raise TypeError(
-                "state_dict['next_batch']: expected an int (the index of the next batch of the "
-                f"epoch, >= 0), but got {next_batch!r} of type {type(next_batch).__name__}."
-            )
-        if next_batch < 0:
-            raise ValueError(
-                "state_dict['next_batch']: expected the index of the next batch of the epoch, "
-                f">= 0, but got {next_batch}."
-            )
-        value = state_dict[key]
-        if key == "sources" and not isinstance(value, (list, tuple)):
-            raise TypeError(
-                "state_dict['sources']: expected a list with one state per source "
-                f"({len(self._sources)}), but got {type(value).__name__}."
-            )
-        states = [value] if key == "source" else list(value)
-        if len(states) != len(self._sources):
-            raise ValueError(
-                f"state_dict['sources']: expected one state per source ({len(self._sources)}), "
-                f"but got {len(states)}."
-            )
-        # What each source's state looks like: the consumer's last snapshot (a source that an
-        # epoch's thread is reading is not asked from this thread), else the source's own.
+        self._require_checkpointable("load_state_dict")
+        process, processes, hosts = self._where()
+        samplers = _state.samplers(self._sources)
+        loaded = _state.parse(
+            state_dict,
+            process=process,
+            per_host=self._per_host,
+            sources=self._sources,
+            processes=processes,
+            hosts=hosts,
+            resizable=samplers is not None,
+            fix=(
+                "Resume on the same number of processes, or feed map-style data through "
+                "torchshard.host_sampler: its position in the epoch's global order resumes on "
+                "any number of hosts."
+            ),
+        )
+        key = _state.process_key(process)
+        name = "sources" if self._per_host else "source"
+        # A state of the same kind as this loader's own last snapshot (never the source's own:
+        # asking a fresh source for its state can disturb it).
         current = self._cursor.snapshot
-        if current is None:
-            current = [s.state_dict() for s in self._sources]
-        for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
-            where = "state_dict['source']" if key == "source" else f"state_dict['sources'][{h}]"
-            _check_source_state(source, current[h], state, where)
+        for h, (source, state) in enumerate(zip(self._sources, loaded.states, strict=True)):
+            if current is not None and current[h] is not None and state is not None:
+                where = f"state_dict[{key!r}][{name!r}]" + (f"[{h}]" if self._per_host else "")
+                _check_source_state(source, current[h], state, where)
+        position = loaded.position
+        if position is not None and samplers is not None:
+            for h, sampler in enumerate(samplers):
+                mine, saved = sampler.identity(), position.identity()
+                if mine != saved:
+                    where = "" if not self._per_host else f" (host {h}'s)"
+                    raise ValueError(
+                        f"state_dict['common']: saved over an epoch order of {saved}, but this "
+                        f"loader's sampler{where} has {mine}; a position in one order means "
+                        "nothing in another. Resume with the same dataset, seed and shuffle."
+                    )
         self._close_epoch(by="load_state_dict()")
-        for h, (source, state) in enumerate(zip(self._sources, states, strict=True)):
+        for h, (source, state) in enumerate(zip(self._sources, loaded.states, strict=True)):
+            if state is None:  # a new pass, from the global position when there is one
+                if position is not None and samplers is not None:
+                    samplers[h].resume(position.epoch, position.consumed)
+                continue
             try:
-                source.load_state_dict(state)
+                _state.restore(source, state)
             except Exception as e:
-                where = "state_dict['source']" if key == "source" else f"state_dict['sources'][{h}]"
+                where = f"state_dict[{key!r}][{name!r}]" + (f"[{h}]" if self._per_host else "")
                 e.add_note(
-                    f"(raised by {type(source).__name__}.load_state_dict, given {where}, in "
+                    f"(raised by {_state.method_name(source, 1)}, given {where}, in "
                     "GlobalBatchLoader.load_state_dict)"
                 )
                 raise
-        self._resume_at = next_batch
-        self._cursor = Cursor(states, next_batch)
+        self._resume_at = loaded.next_batch
+        self._resume_consumed = position.consumed if position is not None else 0
+        self._cursor = Cursor(list(loaded.states), loaded.next_batch, self._resume_consumed)
 
-    def _require_stateful(self, method: str) -> None:
+    def _require_checkpointable(self, method: str) -> None:
         for s in self._sources:
-            if not stateful(s):
+            if not _state.checkpointable(s):
                 raise TypeError(
                     f"GlobalBatchLoader.{method}: the source ({type(s).__name__}) has no "
-                    "state_dict()/load_state_dict(); use torchdata.stateful_dataloader."
-                    "StatefulDataLoader to checkpoint the input position."
+                    "state_dict()/load_state_dict() (nor get_state()/set_state()) and reads no "
+                    "torchshard.host_sampler; use torchdata.stateful_dataloader.StatefulDataLoader "
+                    "to checkpoint the input position."
                 )
 
 
@@ -384,6 +500,8 @@ def per_host_loader(
     partition: Any,
     mesh: Mesh | None,
     prefetch: int,
+    prefetch_bytes: int | None = None,
+    last_batch: str = "error",
 ) -> GlobalBatchLoader:
     """A ``GlobalBatchLoader`` with one source (and dispatcher) per host this process supplies
     (``torchshard.testing.global_batch_loader_per_host``); everything else is the same."""
@@ -395,5 +513,7 @@ def per_host_loader(
         mesh=mesh,
         prefetch=prefetch,
         per_host=True,
+        prefetch_bytes=prefetch_bytes,
+        last_batch=last_batch,
     )
     return loader

@@ -7,22 +7,28 @@ from typing import Any
 
 class Cursor:
     """Where one epoch's consumer stands: the sources' state after the last batch it took
-    (``snapshot``; ``None``: the sources are not stateful) and the index of the batch it takes
-    next. The loader gives each epoch a new cursor and reads only its current one, so an epoch
-    that was replaced can no longer move the loader's position."""
+    (``snapshot``; ``None``: the sources are not stateful, or start a new pass), the index of
+    the batch it takes next, and the examples of the epoch's global order the job has taken
+    (``consumed``, from ``start``: where the epoch's pass began, 0 unless resumed). The loader
+    gives each epoch a new cursor and reads only its current one, so an epoch that was replaced
+    can no longer move the loader's position."""
 
-    __slots__ = ("next_batch", "snapshot")
+    __slots__ = ("consumed", "next_batch", "snapshot")
 
-    def __init__(self, snapshot: list[Any] | None, next_batch: int) -> None:
+    def __init__(self, snapshot: list[Any] | None, next_batch: int, consumed: int = 0) -> None:
         self.snapshot = snapshot
         self.next_batch = next_batch
+        self.consumed = consumed
 
-    def advance(self, snapshot: list[Any] | None) -> None:
-        """The consumer took a batch, after which the sources were at ``snapshot``."""
+    def advance(self, snapshot: list[Any] | None, examples: int = 0) -> None:
+        """The consumer took a batch of ``examples`` examples of the global order, after which
+        the sources were at ``snapshot``."""
         self.snapshot = snapshot
         self.next_batch += 1
+        self.consumed += examples
 
     def end(self, snapshot: list[Any] | None) -> None:
-        """The sources ended: the next epoch starts at batch 0, from ``snapshot``."""
+        """The epoch ended: the next one starts at batch 0, from ``snapshot``."""
         self.snapshot = snapshot
         self.next_batch = 0
+        self.consumed = 0

@@ -3,7 +3,10 @@
 ``Prefetcher(produce, depth=n)`` calls ``produce(0)``, ``produce(1)``, ... on its thread and
 hands the results to the consumer in order. At most ``depth`` results are in flight (being
 produced or waiting in the queue); the item the consumer holds is not counted, and ``produce``
-is not called before a slot is free. Design, after torchdata.nodes' ``_SingleThreadedMapper``:
+is not called before a slot is free; with a byte ``budget``, nor while the items in flight
+(produced, not yet taken) and one more of the last item's size would exceed it, unless none
+is in flight (an item larger than the budget still moves, alone). Design, after
+torchdata.nodes' ``_SingleThreadedMapper``:
 
 - A ``BoundedSemaphore(depth)``: the thread acquires a slot before producing, the consumer
   releases it when it takes the item. The queue is unbounded (the semaphore bounds it), so
@@ -80,6 +83,8 @@ class Prefetcher(Generic[T]):
         name: the thread's name prefix.
         context: entered on the thread around all calls to ``produce`` (e.g. a mesh context).
         where: formats the index for error notes (default ``"item 7"``).
+        budget: the most bytes in flight (``None``: no bound but ``depth``); ``size(item)``
+            gives an item's bytes.
 
     Example:
         >>> def squares(i):
@@ -100,8 +105,15 @@ class Prefetcher(Generic[T]):
         name: str = "prefetch",
         context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         where: Callable[[int], str] = lambda i: f"item {i}",
+        budget: int | None = None,
+        size: Callable[[Any], int] = lambda item: 0,
     ) -> None:
         depth = positive_int(depth, "depth")
+        self._budget = budget
+        self._size = size
+        self._bytes = threading.Condition()
+        self._held = 0  # bytes of the items produced and not yet taken
+        self._last = 0  # the last item's bytes: the estimate of the next one
         self._produce = produce
         self._context = context
         self._where = where
@@ -148,6 +160,8 @@ class Prefetcher(Generic[T]):
                     return
             if self._stop.is_set():
                 return
+            if self._budget is not None and not self._wait_for_bytes():
+                return
             try:
                 item = self._produce(i)
             except StopIteration as end:
@@ -156,7 +170,22 @@ class Prefetcher(Generic[T]):
             except BaseException as e:  # noqa: BLE001 - thread boundary: travels in order
                 self._finish(_Failure(e, self._where(i)))
                 return
+            if self._budget is not None:
+                n = self._size(item)
+                with self._bytes:
+                    self._held += n
+                    self._last = n
             self._queue.put(item)
+
+    def _wait_for_bytes(self) -> bool:
+        """Waits until one more item fits the byte budget; ``False``: stopped meanwhile."""
+        assert self._budget is not None
+        with self._bytes:
+            while self._held and self._held + self._last > self._budget:
+                self._bytes.wait(timeout=POLL_SECONDS)
+                if self._stop.is_set():
+                    return False
+        return True
 
     # -- consumer ----------------------------------------------------------------------------
     def get(self) -> T:
@@ -184,6 +213,10 @@ class Prefetcher(Generic[T]):
             error = entry.error
             error.add_note(f"(raised in torchshard's thread {self.name!r} at {entry.where})")
             raise error
+        if self._budget is not None:
+            with self._bytes:
+                self._held -= self._size(entry)
+                self._bytes.notify()
         self._slots.release()
         return entry
 

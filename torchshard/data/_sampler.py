@@ -1,15 +1,34 @@
-"""``host_sampler``: the sampler that reads this host's shard of a dataset."""
+"""``host_sampler``: the sampler that reads this host's shard of a dataset (``HostSampler``).
+
+Each epoch has one global order of the dataset's indices (``DistributedSampler``'s: a
+permutation seeded ``seed + epoch``, or ``0..n-1``); shard ``i`` of ``k`` reads every ``k``-th
+index of it, starting at ``i``. A sampler also knows where in that order its epoch starts
+(``start``, 0 unless resumed), so that a job resumed on another number of hosts reads on from the
+next unconsumed example of the same order (``GlobalBatchLoader.load_state_dict``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sized
+from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
+import torch
 from torch.utils.data import DistributedSampler
 
 from torchshard._core.errors import at
 
 _KEYS = ("num_shards", "shard_index")
+STATE_KEYS = (
+    "drop_last",
+    "epoch",
+    "num_examples",
+    "num_shards",
+    "seed",
+    "shard_index",
+    "shuffle",
+    "start",
+    "yielded",
+)
 
 
 def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
@@ -43,6 +62,139 @@ def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
     return num, index
 
 
+class HostSampler(DistributedSampler[int]):
+    """This host's shard of a dataset's epoch (``DistributedSampler``, without repeats).
+
+    Made by ``torchshard.host_sampler``; ``num_replicas``/``rank`` are the shard count and
+    index. ``drop_last=True``: every shard has ``(n - start) // num_shards`` indices;
+    ``drop_last=False``: every index of the epoch once, so shards differ by at most one index
+    (``DistributedSampler`` repeats indices instead; use ``GlobalBatchLoader(...,
+    last_batch="pad")`` to feed the short shards).
+
+    ``state_dict()``/``load_state_dict()``: the epoch, where it starts in the global order and
+    how many indices the current pass yielded (``StatefulDataLoader`` saves and restores it).
+    ``set_epoch(e)`` with another epoch starts that epoch at its beginning.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_shards: int,
+        shard_index: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+    ) -> None:
+        super().__init__(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=num_shards,
+            rank=shard_index,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self.start = 0  # where the epoch's pass begins in its global order
+        self.yielded = 0  # indices the current pass yielded
+        self._skip: int | None = None  # set by load_state_dict: the next pass skips these
+        self._sizes()
+
+    def _sizes(self) -> None:
+        rest = max(len(self.dataset) - self.start, 0)  # type: ignore[arg-type]
+        k = self.num_replicas
+        self.num_samples = rest // k if self.drop_last else len(range(self.rank, rest, k))
+        self.total_size = rest // k * k if self.drop_last else rest
+
+    def global_order(self) -> list[int]:
+        """The epoch's order of the whole dataset (every shard's, interleaved)."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self._skip = self._skip or 0, None
+        self._sizes()
+        order = self.global_order()[self.start :]
+        mine = order[self.rank : self.total_size : self.num_replicas]
+        self.yielded = skip
+        for i in mine[skip:]:
+            self.yielded += 1
+            yield i
+        # The pass is complete: the next one (the same epoch again) starts at the beginning.
+        self.start, self.yielded = 0, 0
+        self._sizes()
+
+    def __len__(self) -> int:
+        self._sizes()
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch (its own order); another epoch than the current starts at 0."""
+        if epoch != self.epoch:
+            self.start, self.yielded, self._skip = 0, 0, None
+        super().set_epoch(epoch)
+
+    def resume(self, epoch: int, start: int) -> None:
+        """The next pass is epoch ``epoch`` from global position ``start`` (examples of the
+        epoch's order already consumed, by any number of hosts)."""
+        self.epoch, self.start, self.yielded, self._skip = epoch, start, 0, None
+        self._sizes()
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed sampler must share with the saved one: the same global order."""
+        return {
+            "num_examples": len(self.dataset),  # type: ignore[arg-type]
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch, its start in the global order, the indices yielded by this pass, and the
+        configuration they mean something in."""
+        return {
+            **self.identity(),
+            "drop_last": self.drop_last,
+            "epoch": self.epoch,
+            "num_shards": self.num_replicas,
+            "shard_index": self.rank,
+            "start": self.start,
+            "yielded": self.yielded,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores ``state_dict()``'s position; the next pass goes on from there.
+
+        Raises:
+            ValueError: a state of another shape, or of a sampler with another order, shard
+                count or index (resuming on another number of hosts goes through
+                ``GlobalBatchLoader.load_state_dict``, which restarts each host's shard from
+                the epoch's global position).
+        """
+        where = "HostSampler.load_state_dict: state_dict"
+        if not isinstance(state_dict, dict) or set(state_dict) != set(STATE_KEYS):
+            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(
+                f"{where}: expected a dict with keys {list(STATE_KEYS)} (from "
+                f"HostSampler.state_dict()), but got {got}."
+            )
+        mine = {**self.identity(), "num_shards": self.num_replicas, "shard_index": self.rank}
+        other = {k: state_dict[k] for k in mine}
+        if other != mine:
+            raise ValueError(
+                f"{where}: saved by a sampler with {other}, but this one has {mine}. A shard's "
+                "position means something only in the same order and shard count; to resume on "
+                "another number of hosts, load GlobalBatchLoader's state (it restarts every "
+                "shard at the epoch's global position)."
+            )
+        self.epoch, self.start = int(state_dict["epoch"]), int(state_dict["start"])
+        self._skip = int(state_dict["yielded"])
+        self.yielded = self._skip
+        self._sizes()
+
+
 def host_sampler(
     dataset: Sized,
     dispatcher_or_feed_config: Any,
@@ -51,8 +203,8 @@ def host_sampler(
     shuffle: bool = True,
     seed: int = 0,
     drop_last: bool = True,
-) -> DistributedSampler[Any]:
-    """A sampler over this host's shard of ``dataset`` (``DistributedSampler`` semantics).
+) -> HostSampler:
+    """A sampler over this host's shard of ``dataset`` (``DistributedSampler``'s order).
 
     Shard ``shard_index`` of ``num_shards`` (from ``dispatcher.feed_read_config()``, or the
     dict itself) holds every ``num_shards``-th index of the epoch's (shuffled) order, starting
@@ -62,30 +214,35 @@ def host_sampler(
     batch size). Every host must use the same ``seed``; call ``sampler.set_epoch(epoch)`` for
     a new order each epoch.
 
+    With ``drop_last=False`` every example of the epoch is in exactly one shard, so shards
+    differ by at most one example (``DistributedSampler`` would repeat indices to even them,
+    which counts examples twice). That is the way to evaluate: feed the shards through
+    ``GlobalBatchLoader(..., last_batch="pad")``, which pads the short hosts' batches with
+    rows whose mask is ``False``, and weight the metric by the mask.
+
+    The sampler keeps its position in the epoch's global order (``state_dict()``), so a
+    ``GlobalBatchLoader`` over it resumes on another number of hosts at the next unconsumed
+    example.
+
     Args:
         dataset: a map-style dataset (with ``len()``).
         dispatcher_or_feed_config: an ``InputDispatcher`` or ``{"num_shards", "shard_index"}``.
         shuffle: shuffle the indices (the same permutation on every host).
         seed: the shuffling seed.
-        drop_last: drop the tail so that every shard has the same size (else the tail is
-            padded with repeated indices, as ``DistributedSampler`` does).
+        drop_last: drop the tail so that every shard has the same size (else every example
+            once, shards differing by at most one).
 
     Example:
         >>> feed = {"num_shards": 2, "shard_index": 1}
         >>> sampler = torchshard.host_sampler(range(10), feed, shuffle=False)
         >>> list(sampler)
         [1, 3, 5, 7, 9]
+        >>> list(torchshard.host_sampler(range(5), feed, shuffle=False, drop_last=False))
+        [1, 3]
     """
     num, index = _read_config(dispatcher_or_feed_config)
     if not isinstance(dataset, Sized):
         raise TypeError(
             f"dataset: expected a map-style dataset with len(), but got {type(dataset).__name__}."
         )
-    return DistributedSampler(
-        dataset,  # type: ignore[arg-type]
-        num_replicas=num,
-        rank=index,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-    )
+    return HostSampler(dataset, num, index, shuffle=shuffle, seed=seed, drop_last=drop_last)

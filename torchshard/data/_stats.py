@@ -15,12 +15,16 @@ class LoaderStats:
         bytes: host bytes transferred to the devices (every host's, under the emulation).
         wait_seconds: time the consumer spent inside ``next()`` waiting for input.
         transfer_seconds: time spent in ``host_to_global_array`` (on the background thread).
+        dropped_examples: with ``last_batch="drop"``, the examples this process's sources gave
+            that were not yielded because the epoch stopped (its short last batch, a batch
+            when another process's source ended first, and any batch read ahead past it).
     """
 
     batches: int = 0
     bytes: int = 0
     wait_seconds: float = 0.0
     transfer_seconds: float = 0.0
+    dropped_examples: int = 0
 
 
 class Counters:

@@ -18,13 +18,16 @@ def global_batch_loader_per_host(
     mesh: Mesh | None = None,
     dispatchers: Sequence[Any] | None = None,
     prefetch: int = 2,
+    prefetch_bytes: int | None = None,
+    last_batch: str = "error",
 ) -> GlobalBatchLoader:
     """A ``GlobalBatchLoader`` that plays every host of ``virtual_hosts(n)``.
 
     Each step takes one batch from every host's source (``loaders[h]`` is host ``h``'s, with
     its own ``dispatchers[h]``) and assembles them as ``host_to_global_array_per_host`` does,
     through the same engine as the real path. Everything else (prefetching, order, errors, stats,
-    ``state_dict`` with ``{"sources": [...]}``) is ``GlobalBatchLoader``'s. ``iter()`` must run
+    ``last_batch`` across the hosts' sources, ``state_dict`` with
+    ``{"process_0": {"sources": [...], ...}, ...}``) is ``GlobalBatchLoader``'s. ``iter()`` must run
     inside ``virtual_hosts(len(loaders))``.
 
     Example (2 hosts, 4 rows from each per step):
@@ -47,4 +50,12 @@ def global_batch_loader_per_host(
             "loaders: expected a non-empty list with one source per host, but got "
             f"{type(loaders).__name__}."
         )
-    return per_host_loader(loaders, dispatchers, partition=partition, mesh=mesh, prefetch=prefetch)
+    return per_host_loader(
+        loaders,
+        dispatchers,
+        partition=partition,
+        mesh=mesh,
+        prefetch=prefetch,
+        prefetch_bytes=prefetch_bytes,
+        last_batch=last_batch,
+    )

@@ -1,0 +1,293 @@
+"""A loader's checkpoint (torchshard.data._state): the snapshot is a deep copy taken after the
+batch it describes, whatever the source (a StatefulDataLoader over a dataset whose state is a
+live list, torchdata.nodes, a grain-style get_state()/set_state() iterator, DataLoader workers);
+loading never asks the source for its state; a resume equals the uninterrupted run with a step
+slower than a batch read, the state pickled late; the layout's keys and errors."""
+
+import pickle
+import re
+import time
+
+import numpy as np
+import pytest
+import torch
+from data_helpers import Rows, ids, no_loader_thread_left, process_entry
+
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+import torchdata.nodes as tn
+from torch.utils.data import DataLoader, IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import torchshard as ts
+from torchshard.data import _state
+from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+
+
+class Packing(IterableDataset):
+    """Packs documents of 3 or 4 tokens into sequences of 4, like torchtitan's
+    HuggingFaceTextDataset: its ``state_dict()`` returns its token buffer itself (a live list)."""
+
+    def __init__(self, docs=12, seq=4):
+        self.docs = [
+            [100 * d + j for j in range(3 if d % 2 == 0 else 4)] for d in range(1, docs + 1)
+        ]
+        self.seq = seq
+        self.doc = 0
+        self.buffer = []
+
+    def __iter__(self):
+        while True:
+            while len(self.buffer) >= self.seq:
+                out = self.buffer[: self.seq]
+                del self.buffer[: self.seq]
+                yield torch.tensor(out)
+            if self.doc == len(self.docs):
+                return
+            self.buffer.extend(self.docs[self.doc])
+            self.doc += 1
+
+    def state_dict(self):
+        return {"doc": self.doc, "buffer": self.buffer}  # not a copy: torchtitan's way
+
+    def load_state_dict(self, state):
+        self.doc, self.buffer = state["doc"], list(state["buffer"])
+
+
+class GrainLike:
+    """A grain-style iterator: ``get_state()``/``set_state()``, and ``iter()`` is itself."""
+
+    def __init__(self, n=8):
+        self.n, self.pos = n, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.pos == self.n:
+            raise StopIteration
+        self.pos += 1
+        return {"id": np.arange(8) + 8 * (self.pos - 1)}
+
+    def get_state(self):
+        return {"position": self.pos}
+
+    def set_state(self, state):
+        self.pos = state["position"]
+
+
+def packing(prefetch):
+    source = StatefulDataLoader(Packing(), batch_size=2, num_workers=0)
+    return ts.GlobalBatchLoader(source, prefetch=prefetch, partition=ts.P())
+
+
+def nodes(prefetch):
+    batches = tn.Batcher(tn.IterableWrapper(range(64)), batch_size=8)
+    root = tn.Mapper(batches, lambda b: {"id": np.array(b)})
+    return ts.GlobalBatchLoader(tn.Loader(root), prefetch=prefetch, partition=ts.P("data"))
+
+
+def grain(prefetch):
+    return ts.GlobalBatchLoader(GrainLike(), prefetch=prefetch, partition=ts.P("data"))
+
+
+def workers(prefetch):
+    source = StatefulDataLoader(
+        Rows(64),
+        batch_size=8,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(1),
+        num_workers=2,
+    )
+    return ts.GlobalBatchLoader(source, prefetch=prefetch, partition=ts.P("data"))
+
+
+def sampled(prefetch):
+    dataset = Rows(64)
+    sampler = ts.host_sampler(dataset, {"num_shards": 1, "shard_index": 0}, seed=3)
+    source = DataLoader(dataset, batch_size=8, sampler=sampler)  # not stateful: by position
+    return ts.GlobalBatchLoader(source, prefetch=prefetch, partition=ts.P("data"))
+
+
+def read(batch):
+    if isinstance(batch, dict):
+        return ids(batch)
+    return ts.replicate_to_local_data(batch).tolist()
+
+
+def resume_matches(make, *, take, prefetch, later):
+    """Takes ``take`` batches with a step slower than a batch read (the thread reads ahead),
+    saves, takes ``later`` more and only then pickles the state (a checkpoint written late);
+    a new loader, asked for its state first (as torch.distributed.checkpoint's load does),
+    loads it and must yield exactly the rest of the uninterrupted epoch."""
+    reference = [read(b) for b in make(prefetch)]
+    loader = make(prefetch)
+    it = iter(loader)
+    taken = []
+    for _ in range(take):
+        taken.append(read(next(it)))
+        time.sleep(0.02)  # the step: the thread reads ahead meanwhile
+    time.sleep(0.3)  # the thread fills its prefetch (the resume must match however far it got)
+    state = loader.state_dict()
+    for _ in range(later):
+        next(it, None)
+        time.sleep(0.02)
+    blob = pickle.dumps(state)
+    loader.close()
+    resumed = make(prefetch)
+    resumed.state_dict()  # the structure, before loading into it
+    resumed.load_state_dict(pickle.loads(blob))
+    rest = [read(b) for b in resumed]
+    assert taken == reference[:take]
+    assert rest == reference[take:]
+    assert no_loader_thread_left()
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize(
+    "make", [packing, nodes, grain, workers, sampled], ids=lambda f: f.__name__
+)
+def test_a_resume_equals_the_uninterrupted_run(mesh8, make, prefetch):
+    resume_matches(make, take=3, prefetch=prefetch, later=2)
+
+
+def test_the_packing_reproduction_of_the_issue(mesh8):
+    """The issue's case: before snapshots were copies, the read-ahead changed the saved token
+    buffer, and batch 3 of the resumed run came out wrong."""
+    reference = [read(b) for b in packing(2)]
+    assert reference[3] == [[703, 800, 801, 802], [900, 901, 902, 903]]
+    resume_matches(packing, take=3, prefetch=2, later=0)
+
+
+def test_a_snapshot_does_not_change_after_the_call(mesh8):
+    loader = packing(2)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.2)  # the thread reads ahead
+    state = loader.state_dict()
+    frozen = pickle.dumps(state)
+    for _ in range(3):
+        next(it)
+    assert pickle.dumps(state) == frozen
+    assert pickle.dumps(loader.state_dict()) != frozen  # the position did move
+    loader.close()
+
+
+def test_loading_never_asks_the_source_for_its_state(mesh8):
+    class Watched(GrainLike):
+        asked = 0
+
+        def get_state(self):
+            Watched.asked += 1
+            return super().get_state()
+
+    saved = grain(0)
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.state_dict()
+    loader = ts.GlobalBatchLoader(Watched(), prefetch=0, partition=ts.P("data"))
+    loader.load_state_dict(state)
+    assert Watched.asked == 0
+    assert [ids(b)[0] for b in loader] == [16, 24, 32, 40, 48, 56]
+
+
+def test_the_layout_has_a_process_entry_and_a_common_one(mesh8):
+    loader = grain(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert set(state) == {"process_0", "common"}
+    assert set(process_entry(state)) == {"source", "next_batch"}
+    assert isinstance(process_entry(state)["source"], bytes)  # one opaque value per source
+    assert state["common"] == {
+        "loader": "GlobalBatchLoader",
+        "processes": 1,
+        "hosts": 1,
+        "epoch": None,
+        "consumed": None,
+        "num_examples": None,
+        "seed": None,
+        "shuffle": None,
+    }
+    loader.close()
+
+
+def test_a_host_sampler_position_is_in_the_common_entry(mesh8):
+    loader = sampled(0)
+    it = iter(loader)
+    next(it), next(it)
+    common = loader.state_dict()["common"]
+    assert (common["epoch"], common["consumed"], common["num_examples"]) == (0, 16, 64)
+    assert (common["seed"], common["shuffle"]) == (3, True)
+    loader.close()
+
+
+def test_a_state_of_another_kind_of_source_is_refused(mesh8):
+    loader = grain(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    other = ts.GlobalBatchLoader(
+        StatefulDataLoader(Rows(64), batch_size=8), prefetch=0, partition=ts.P("data")
+    )
+    msg = (
+        f"state_dict['process_0']['source']: saved from a {GrainLike.__module__}.GrainLike, but "
+        "this loader's source is a torchdata.stateful_dataloader.stateful_dataloader."
+        "StatefulDataLoader with num_workers=0; a source's state means something only to a "
+        "source of its kind and configuration. Load the state into a loader over the same kind "
+        "of source, configured alike."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        other.load_state_dict(state)
+
+
+def test_a_state_of_another_num_workers_is_refused(mesh8):
+    loader = workers(0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    loader.close()
+    other = ts.GlobalBatchLoader(StatefulDataLoader(Rows(64), batch_size=8), partition=ts.P("data"))
+    with pytest.raises(ValueError, match=re.escape("StatefulDataLoader with num_workers=2, but")):
+        other.load_state_dict(state)
+
+
+def test_the_entry_of_another_process_is_not_this_ones(mesh8):
+    loader = grain(0)
+    state = loader.state_dict()
+    moved = {"process_1": state["process_0"], "common": state["common"]}
+    msg = (
+        "state_dict: expected this process's entry 'process_0', but the state holds "
+        "['process_1']; pass the state this process saved (or the union of every process's)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        loader.load_state_dict(moved)
+
+
+def test_a_stream_saved_on_more_hosts_cannot_be_split_again(mesh8):
+    sources = [GrainLike() for _ in range(4)]
+    with virtual_hosts(4):
+        state = global_batch_loader_per_host(sources, partition=ts.P("data")).state_dict()
+    with virtual_hosts(2):
+        loader = global_batch_loader_per_host(sources[:2], partition=ts.P("data"))
+        msg = (
+            "state_dict: saved by 1 process(es) feeding 4 data host(s), but this loader runs on 1 "
+            "process(es) feeding 2; its sources' state is per process and has no global "
+            "position, so it cannot be split over another number of hosts. Resume on the same "
+            "number of processes, or feed map-style data through torchshard.host_sampler: its "
+            "position in the epoch's global order resumes on any number of hosts."
+        )
+        with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+            loader.load_state_dict(state)
+
+
+def test_capture_copies_and_restore_loads_either_protocol():
+    source = Packing()
+    state = _state.capture(source)
+    assert state == {"doc": 0, "buffer": []} and state["buffer"] is not source.buffer
+    grain_like = GrainLike()
+    _state.restore(grain_like, {"position": 5})
+    assert grain_like.pos == 5
+    assert _state.stateful(grain_like) and _state.stateful(source)
+    assert not _state.stateful([1, 2])
+    assert _state.capture([1, 2]) is None
