@@ -149,7 +149,13 @@ def _resumable(n: int, batch: int, seed: int, epoch: int, stateful: bool, prefet
     sampler.set_epoch(epoch)
     kind = StatefulDataLoader if stateful else DataLoader
     source = kind(data, batch_size=batch, sampler=sampler)
-    return ts.GlobalBatchLoader(source, prefetch=prefetch), sampler
+    return ts.GlobalBatchLoader(source, prefetch=prefetch, last_batch="pad"), sampler
+
+
+def _real(step: Any) -> list[int]:
+    ts = _ts()
+    batch, mask = step
+    return ts.replicate_to_local_data(batch["id"])[ts.replicate_to_local_data(mask)].tolist()
 
 
 def resume_save(
@@ -167,13 +173,12 @@ def resume_save(
     state (and, with ``path``, a torch.distributed.checkpoint of ``{"loader": loader}``)."""
     import torch.distributed as dist
 
-    ts = _ts()
     loader, _ = _resumable(n, batch, seed, epoch, stateful, prefetch)
     taken = []
     with _mesh(dist.get_world_size()):
         it = iter(loader)
         for _ in range(take):
-            taken.append(ts.replicate_to_local_data(next(it)["id"]).tolist())
+            taken.append(_real(next(it)))
             time.sleep(0.01)
         state = loader.state_dict()
         if path is not None:
@@ -199,7 +204,6 @@ def resume_load(
     states) or from the checkpoint at ``path``; the rest of the epoch, as global batches."""
     import torch.distributed as dist
 
-    ts = _ts()
     loader, sampler = _resumable(n, batch, seed, epoch, stateful, prefetch)
     if path is not None:
         import torch.distributed.checkpoint as dcp
@@ -214,8 +218,8 @@ def resume_load(
         loader.load_state_dict(states)
     sampler.set_epoch(epoch)  # the training loop's own call: the same epoch keeps its start
     with _mesh(dist.get_world_size()):
-        rest = [ts.replicate_to_local_data(b["id"]).tolist() for b in loader]
-        again = [ts.replicate_to_local_data(b["id"]).tolist() for b in loader]
+        rest = [_real(b) for b in loader]
+        again = [_real(b) for b in loader]
     return {"rest": rest, "again": again, "epoch": sampler.epoch}
 
 

@@ -177,6 +177,33 @@ def test_never_more_than_prefetch_batches_ahead(mesh42, prefetch):
     assert next(it, None) is None
 
 
+@pytest.mark.parametrize(("budget_batches", "ahead"), [(1, 1), (2.5, 2), (3, 3), (0.25, 1)])
+def test_prefetch_bytes_bounds_the_batches_ahead(mesh42, budget_batches, ahead):
+    """Batches of 32 KiB, prefetch 8, a budget of ``budget_batches`` batches' bytes: at most
+    ``ahead`` batches are read and transferred beyond the one the consumer holds (one always
+    moves, even when a batch alone is over the budget)."""
+    pulled = []
+    nbytes = 8 * 1024 * 4
+
+    def source():
+        for i in range(10):
+            pulled.append(i)
+            yield {"x": np.full((8, 1024), i, np.float32)}
+
+    loader = ts.GlobalBatchLoader(
+        source(), prefetch=8, prefetch_bytes=int(budget_batches * nbytes), partition=ts.P("data")
+    )
+    it = iter(loader)
+    for consumed in range(10):
+        limit = min(consumed + ahead, 10)
+        assert wait_until(lambda n=limit: len(pulled) == n)
+        time.sleep(0.02)
+        assert len(pulled) == limit
+        assert float(ts.replicate_to_local_data(next(it)["x"])[0, 0]) == consumed
+    assert next(it, None) is None
+    assert loader.stats.bytes == 10 * nbytes
+
+
 def test_prefetch_zero_transfers_inside_next(mesh42):
     dispatcher = FakeDispatcher(ts.P("data"))
     it = iter(ts.GlobalBatchLoader([{"id": np.arange(8)}] * 3, dispatcher=dispatcher, prefetch=0))
@@ -324,6 +351,12 @@ def test_a_new_iter_starts_a_new_epoch_and_stops_the_old_thread(mesh42):
     [
         ({"prefetch": -1}, ValueError, "prefetch must be an int >= 0, but got -1."),
         ({"prefetch": True}, ValueError, "prefetch must be an int >= 0, but got True."),
+        ({"prefetch_bytes": 0}, ValueError, "prefetch_bytes must be a positive int, but got 0."),
+        (
+            {"prefetch_bytes": 1.5},
+            ValueError,
+            "prefetch_bytes must be a positive int, but got 1.5.",
+        ),
         ({"mesh": "data"}, TypeError, "mesh: expected a torchshard.Mesh or None, but got 'data'."),
         (
             {"dispatcher": object()},

@@ -125,3 +125,35 @@ def test_bad_depth(depth):
         ValueError, match=re.escape(f"depth must be a positive int, but got {depth!r}.")
     ):
         Prefetcher(counting(1), depth=depth)
+
+
+@pytest.mark.parametrize(("size", "budget", "ahead"), [(100, 250, 2), (100, 300, 3), (100, 50, 1)])
+def test_a_byte_budget_bounds_the_items_made_ahead(size, budget, ahead):
+    """Items of ``size`` bytes, a budget of ``budget``: the thread makes at most ``ahead``
+    items the consumer has not taken (one always moves, even larger than the budget), however
+    deep the slots are."""
+    started = []
+
+    def produce(i):
+        started.append(i)
+        if i == 12:
+            raise StopIteration
+        return i
+
+    p = Prefetcher(produce, depth=8, budget=budget, size=lambda item: size)
+    for consumed in range(12):
+        assert wait_until(lambda c=consumed: len(started) == min(c + ahead, 13))
+        time.sleep(0.01)
+        assert len(started) == min(consumed + ahead, 13)  # then it waits for bytes
+        assert p.get() == consumed
+    with pytest.raises(StopIteration):
+        p.get()
+    p.close()
+
+
+def test_close_stops_a_thread_waiting_for_bytes():
+    p = Prefetcher(counting(100), depth=4, budget=10, size=lambda item: 10, name="bytes")
+    assert wait_until(lambda: len(live("bytes")) == 1)
+    time.sleep(0.05)  # it made one item and waits for the budget
+    p.close()
+    assert wait_until(lambda: not live("bytes"))

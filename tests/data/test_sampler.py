@@ -7,7 +7,7 @@ import pytest
 from data_helpers import FakeDispatcher, Rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 import torchshard as ts
 from torchshard.testing import (
@@ -137,3 +137,116 @@ def test_every_example_once_per_epoch_with_virtual_hosts(mesh42, hosts, shuffle,
     assert sorted(seen) == list(range(n))  # every example exactly once
     for h, sampler in enumerate(samplers):  # host h's rows are what its sampler read
         assert host_views[h] == list(sampler)
+
+
+# -- HostSampler: the epoch's global order and a position in it --------------------------------
+
+
+def _torch_order(n, seed, epoch, shuffle=True):
+    """The epoch's order from torch's own DistributedSampler (one replica): the oracle."""
+    s = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=shuffle, seed=seed)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(0, 50),
+    shards=st.integers(1, 6),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+    drop_last=st.booleans(),
+)
+def test_shards_follow_torchs_order_without_repeats(n, shards, seed, epoch, drop_last):
+    parts = []
+    for h in range(shards):
+        s = ts.host_sampler(
+            range(n), {"num_shards": shards, "shard_index": h}, seed=seed, drop_last=drop_last
+        )
+        s.set_epoch(epoch)
+        parts.append(list(s))
+        assert len(s) == len(parts[-1])
+        if drop_last and n >= shards:  # what DistributedSampler itself gives
+            ref = DistributedSampler(range(n), shards, h, shuffle=True, seed=seed, drop_last=True)
+            ref.set_epoch(epoch)
+            assert parts[-1] == list(ref)
+    order = _torch_order(n, seed, epoch)
+    usable = n // shards * shards if drop_last else n
+    assert parts == [order[:usable][h::shards] for h in range(shards)]
+    flat = [i for p in parts for i in p]
+    assert len(flat) == len(set(flat)) == usable
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 60), shards=st.integers(1, 5), data=st.data())
+def test_a_resumed_pass_reads_on_from_the_global_position(n, shards, data):
+    start = data.draw(st.integers(0, n))
+    order = _torch_order(n, 7, 2)
+    parts = []
+    for h in range(shards):
+        s = ts.host_sampler(range(n), {"num_shards": shards, "shard_index": h}, seed=7)
+        s.resume(2, start)
+        assert s.epoch == 2
+        parts.append(list(s))
+        assert s.start == 0  # the pass is complete: the next one is the whole epoch
+        assert len(list(s)) == n // shards
+    usable = (n - start) // shards * shards
+    assert parts == [order[start : start + usable][h::shards] for h in range(shards)]
+
+
+def test_state_dict_and_load_state_dict_mid_pass():
+    feed = {"num_shards": 2, "shard_index": 1}
+    a = ts.host_sampler(range(20), feed, seed=1)
+    a.resume(4, 6)
+    it = iter(a)
+    head = [next(it) for _ in range(3)]
+    state = a.state_dict()
+    assert state == {
+        "drop_last": True,
+        "epoch": 4,
+        "num_examples": 20,
+        "num_shards": 2,
+        "seed": 1,
+        "shard_index": 1,
+        "shuffle": True,
+        "start": 6,
+        "yielded": 3,
+    }
+    rest = list(it)
+    b = ts.host_sampler(range(20), feed, seed=1)
+    b.load_state_dict(state)
+    assert list(b) == rest and head + rest == _torch_order(20, 1, 4)[6:][1::2]
+
+
+def test_set_epoch_keeps_the_resumed_start_only_for_its_own_epoch():
+    s = ts.host_sampler(range(10), {"num_shards": 1, "shard_index": 0}, shuffle=False)
+    s.resume(3, 4)
+    s.set_epoch(3)  # the training loop's own call for the resumed epoch
+    assert list(s) == [4, 5, 6, 7, 8, 9]
+    s.resume(3, 4)
+    s.set_epoch(4)
+    assert list(s) == list(range(10))
+
+
+def test_a_state_of_another_shard_count_is_refused():
+    s = ts.host_sampler(range(10), {"num_shards": 2, "shard_index": 0})
+    state = s.state_dict()
+    other = ts.host_sampler(range(10), {"num_shards": 4, "shard_index": 0})
+    msg = (
+        "HostSampler.load_state_dict: state_dict: saved by a sampler with {'num_examples': 10, "
+        "'seed': 0, 'shuffle': True, 'num_shards': 2, 'shard_index': 0}, but this one has "
+        "{'num_examples': 10, 'seed': 0, 'shuffle': True, 'num_shards': 4, 'shard_index': 0}. A "
+        "shard's position means something only in the same order and shard count; to resume on "
+        "another number of hosts, load GlobalBatchLoader's state (it restarts every shard at the "
+        "epoch's global position)."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match=re.escape("expected a dict with keys ['drop_last',")):
+        other.load_state_dict({"yielded": 1})
+
+
+def test_it_is_a_distributed_sampler():
+    s = ts.host_sampler(range(10), {"num_shards": 4, "shard_index": 3}, drop_last=False)
+    assert isinstance(s, DistributedSampler) and isinstance(s, ts.data.HostSampler)
+    assert (s.num_replicas, s.rank, s.num_samples) == (4, 3, 2)  # shards of 3, 3, 2, 2

@@ -11,11 +11,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from data_helpers import Rows, ids, no_loader_thread_left, process_entry
-
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
 import torchdata.nodes as tn
-from torch.utils.data import DataLoader, IterableDataset
+from data_helpers import Rows, ids, no_loader_thread_left, process_entry
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import torchshard as ts
@@ -291,3 +289,203 @@ def test_capture_copies_and_restore_loads_either_protocol():
     assert _state.stateful(grain_like) and _state.stateful(source)
     assert not _state.stateful([1, 2])
     assert _state.capture([1, 2]) is None
+
+
+# -- resuming on another number of hosts -----------------------------------------------------
+
+N_EXAMPLES = 96
+CASES = "_loader_cases:"
+
+
+def epoch_order(n, seed, epoch):
+    """The epoch's global order, from torch's own DistributedSampler over one replica."""
+    s = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=seed)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+def check_exactly_once(taken, rest, *, order, consumed, new_hosts):
+    """The examples before the save and after the resume are the epoch's, each once (up to
+    the new hosts' drop_last tail), and each resumed batch is the next chunk of the order."""
+    before = [i for b in taken for i in b]
+    assert sorted(before) == sorted(order[:consumed])
+    start = consumed
+    for b in rest:
+        assert sorted(b) == sorted(order[start : start + len(b)])
+        start += len(b)
+    usable = consumed + (len(order) - consumed) // new_hosts * new_hosts
+    assert start == usable
+    seen = before + [i for b in rest for i in b]
+    assert len(seen) == len(set(seen)) == usable
+
+
+def real_ids(step):
+    """The real examples of a step (``(batch, mask)`` with last_batch="pad")."""
+    if isinstance(step, tuple):
+        batch, mask = step
+        return ts.replicate_to_local_data(batch["id"])[ts.replicate_to_local_data(mask)].tolist()
+    return ids(step)
+
+
+def _per_host(hosts, batch, *, seed, epoch, stateful, prefetch, last_batch="error"):
+    from torchshard.testing import global_batch_loader_per_host
+
+    data = Rows(N_EXAMPLES)
+    kind = StatefulDataLoader if stateful else DataLoader
+    sources, samplers = [], []
+    for h in range(hosts):
+        sampler = ts.host_sampler(data, {"num_shards": hosts, "shard_index": h}, seed=seed)
+        sampler.set_epoch(epoch)
+        samplers.append(sampler)
+        sources.append(kind(data, batch_size=batch, sampler=sampler))
+    loader = global_batch_loader_per_host(
+        sources, partition=ts.P("data"), prefetch=prefetch, last_batch=last_batch
+    )
+    return loader, samplers
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize(("new_batch", "prefetch"), [(4, 2), (8, 0), (8, 2)])
+def test_virtual_hosts_resume_from_4_on_2(mesh8, stateful, new_batch, prefetch):
+    """4 hosts of 2 rows (global batch 8) take 5 batches (40 examples); 2 hosts resume, with
+    4 rows each (the same global batch) or 8 (16: 40 does not divide it; the last batch is
+    short, padded)."""
+    from torchshard.testing import global_to_host_array_per_host, virtual_hosts
+
+    seed, epoch = 5, 3
+    order = epoch_order(N_EXAMPLES, seed, epoch)
+    with virtual_hosts(4):
+        loader, _ = _per_host(4, 2, seed=seed, epoch=epoch, stateful=stateful, prefetch=prefetch)
+        it = iter(loader)
+        taken = []
+        for _ in range(5):
+            taken.append(ids(next(it)))
+            time.sleep(0.01)
+        state = pickle.loads(pickle.dumps(loader.state_dict()))
+        loader.close()
+    assert state["common"]["consumed"] == 40 and state["common"]["hosts"] == 4
+    with virtual_hosts(2):
+        resumed, samplers = _per_host(
+            2,
+            new_batch,
+            seed=seed,
+            epoch=epoch,
+            stateful=stateful,
+            prefetch=prefetch,
+            last_batch="pad" if new_batch == 8 else "error",
+        )
+        resumed.load_state_dict(state)
+        rest, blocks = [], []
+        for step in resumed:
+            rest.append(real_ids(step))
+            b = step[0] if isinstance(step, tuple) else step
+            blocks.append([blk["id"].tolist() for blk in global_to_host_array_per_host(b)])
+        assert resumed.state_dict()["common"]["consumed"] == 0  # the epoch ended
+        again = [real_ids(b) for b in resumed]  # the next pass: the whole epoch again
+    check_exactly_once(taken, rest, order=order, consumed=40, new_hosts=2)
+    for k, per_host in enumerate(blocks):  # host h reads every 2nd example from 40 on
+        for h, block in enumerate(per_host):
+            start = 40 + 2 * new_batch * k
+            real = order[start + h : start + 2 * new_batch : 2]
+            assert block == real + [0] * (new_batch - len(real))
+    assert sorted(i for b in again for i in b) == sorted(order)
+    assert all(s.epoch == epoch for s in samplers)
+
+
+def test_a_sampler_of_another_order_is_refused_on_resume(mesh8):
+    from torchshard.testing import virtual_hosts
+
+    with virtual_hosts(4):
+        loader, _ = _per_host(4, 2, seed=5, epoch=0, stateful=True, prefetch=0)
+        next(iter(loader))
+        state = loader.state_dict()
+        loader.close()
+    with virtual_hosts(2):
+        other, _ = _per_host(2, 4, seed=6, epoch=0, stateful=True, prefetch=0)
+        msg = (
+            "state_dict['common']: saved over an epoch order of {'num_examples': 96, 'seed': 5, "
+            "'shuffle': True}, but this loader's sampler (host 0's) has {'num_examples': 96, "
+            "'seed': 6, 'shuffle': True}; a position in one order means nothing in another. "
+            "Resume with the same dataset, seed and shuffle."
+        )
+        with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+            other.load_state_dict(state)
+
+
+def _union(results):
+    union = {}
+    for r in results:
+        union.update(r["state"])
+    return union
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "old_batch", "new_batch", "take", "via", "stateful"),
+    [
+        (4, 2, 4, 4, 3, "union", True),  # the per-process batch kept
+        (4, 2, 4, 8, 3, "dcp", True),  # the global batch kept
+        (2, 4, 6, 4, 2, "union", True),  # 24 consumed, global batch 16: not a multiple
+        (2, 4, 6, 4, 2, "dcp", True),
+        (4, 2, 4, 4, 2, "union", False),  # a plain DataLoader: by position alone
+    ],
+)
+def test_gloo_processes_resume_on_another_count(
+    pools, tmp_path, old, new, old_batch, new_batch, take, via, stateful
+):
+    seed, epoch = 0, 1
+    path = str(tmp_path / "checkpoint") if via == "dcp" else None
+    saved = pools(old).run(
+        CASES + "resume_save",
+        n=N_EXAMPLES,
+        batch=old_batch,
+        take=take,
+        seed=seed,
+        epoch=epoch,
+        stateful=stateful,
+        path=path,
+    )
+    taken = saved[0]["taken"]
+    assert all(r["taken"] == taken for r in saved)
+    union = _union(saved)
+    assert sorted(union) == ["common"] + [f"process_{i}" for i in range(old)]
+    consumed = take * old * old_batch
+    assert union["common"]["consumed"] == consumed
+    loaded = pools(new).run(
+        CASES + "resume_load",
+        n=N_EXAMPLES,
+        batch=new_batch,
+        states=None if via == "dcp" else union,
+        path=path,
+        seed=seed,
+        epoch=epoch,
+        stateful=stateful,
+    )
+    rest = loaded[0]["rest"]
+    assert all(r["rest"] == rest for r in loaded)
+    order = epoch_order(N_EXAMPLES, seed, epoch)
+    check_exactly_once(taken, rest, order=order, consumed=consumed, new_hosts=new)
+    usable = N_EXAMPLES // new * new
+    assert sorted(i for b in loaded[0]["again"] for i in b) == sorted(order[:usable])
+
+
+def test_gloo_same_count_resume_through_dcp(pools, tmp_path):
+    path = str(tmp_path / "checkpoint")
+    saved = pools(2).run(CASES + "resume_save", n=N_EXAMPLES, batch=4, take=3, path=path)
+    loaded = pools(2).run(CASES + "resume_load", n=N_EXAMPLES, batch=4, path=path)
+    order = epoch_order(N_EXAMPLES, 0, 1)
+    check_exactly_once(saved[0]["taken"], loaded[0]["rest"], order=order, consumed=24, new_hosts=2)
+
+
+def test_gloo_a_stream_state_cannot_move_to_another_count(pools):
+    union = {}
+    for state in pools(4).run(CASES + "stream_state"):
+        union.update(state)
+    errors = pools(2).run(CASES + "resume_stream_on_another_count", states=union)
+    msg = (
+        "state_dict: saved by 4 process(es) feeding 4 data host(s), but this loader runs on 2 "
+        "process(es) feeding 2; its sources' state is per process and has no global position, so "
+        "it cannot be split over another number of hosts. Resume on the same number of "
+        "processes, or feed map-style data through torchshard.host_sampler: its position in the "
+        "epoch's global order resumes on any number of hosts."
+    )
+    assert errors == [msg, msg]

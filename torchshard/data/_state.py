@@ -316,14 +316,9 @@ def parse(
                 f"host(s), but this loader runs on {processes} process(es) feeding {hosts}; "
                 f"{what}, so it cannot be split over another number of hosts. {fix}"
             )
-        return Loaded(
-            [None] * num_sources,
-            _next_batch(entry, key) if isinstance(entry, dict) else 0,
-            position,
-            True,
-            saved_processes,
-            saved_hosts,
-        )
+        # Batches are numbered from 0 again (the same on every new process; the saved
+        # numbers counted batches of another size).
+        return Loaded([None] * num_sources, 0, position, True, saved_processes, saved_hosts)
     if not isinstance(entry, dict):
         present = sorted(k for k in state_dict if str(k).startswith("process_"))
         raise ValueError(  # noqa: TRY004 - a missing key, not a wrong type
