@@ -33,7 +33,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/migration.md", "docs/tpu.md")
+DOCUMENTS = ("README.md", "docs/migration.md", "docs/tpu.md", "docs/data.md")
 KINDS = {"run", "continues", "torchrun", "ci", "shell", "output", "example", "fragment"}
 MARKER = re.compile(r"<!-- (?P<kind>[a-z]+):(?P<name>[A-Za-z0-9_-]+) -->")
 FENCE = re.compile(r"^```(?P<lang>\w*)\s*$")

@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "loader": "torchshard._tools.bench.loader",
     "soak": "torchshard._tools.bench.soak",
     "sweep": "torchshard._tools.bench.sweep",
+    "ends": "torchshard._tools.bench.ends",
 }
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
