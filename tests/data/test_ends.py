@@ -362,3 +362,21 @@ def test_expected_is_a_sound_oracle():
     drop, dropped = expected("drop", shards, 2)
     assert len(drop) == 1 and dropped == [2, 1]
     assert math.ceil(5 / 2) == len(pad)
+
+
+def test_gloo_uneven_streams_end_within_a_short_group_timeout():
+    """With the workers' process group timeout at 5 s, each policy's epoch over streams of
+    uneven length ends on every process well within it (a process left waiting in a
+    collective would raise CollectiveError after 5 s instead)."""
+    import time
+
+    from _multiproc import WorkerPool
+
+    pool = WorkerPool(2, timeout=120, collective_timeout=5.0)
+    try:
+        for policy in ("drop", "pad"):
+            t0 = time.monotonic()
+            _gloo(lambda world: pool, 2, policy, "stream", 30, 3, 2, True)
+            assert time.monotonic() - t0 < 5.0 + 8.0  # the timeout, and slack for a loaded machine
+    finally:
+        pool.close()
