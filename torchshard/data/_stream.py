@@ -130,9 +130,9 @@ def stream_shard(partition: Any = None, *, mesh: Mesh | None = None) -> tuple[in
             "stream_shard: needs a mesh: call it inside `with mesh:` or pass "
             "stream_shard(mesh=mesh)."
         )
+    spec = _spec(partition, m)  # checked before the runtime is asked for its topology
     with thread_mesh(m):
         topology = current_topology(m)
-    spec = _spec(partition, m)
     index, count = NamedSharding(m, spec).process_index_and_count(
         0,
         ndim=max(len(spec), 1),
