@@ -215,6 +215,8 @@ def _topology_aware_mesh(
 class DTensorMeshes:
     """DTensor's meshes: ``DeviceMesh`` objects, built on the program's thread."""
 
+    process_wide = False  # DTensors carry their DeviceMesh: no current mesh to set
+
     def from_native(self, native: Any) -> Mesh:
         return mesh_from_device_mesh(native)
 
