@@ -66,14 +66,17 @@ class _Session:
 
     def __init__(self, world: Any) -> None:
         self.group = world
-        self.default_store = default_store()
+        # The default group's store itself is not kept: on rank 0 it owns the TCPStore server,
+        # and holding it past destroy_process_group kept the old server on MASTER_PORT, so the
+        # next init_process_group timed out in gloo's connect. Threads clone it when first used.
+        store = default_store()
         self.local = threading.local()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.timeout = self.default_store.timeout.total_seconds()
+        self.timeout = store.timeout.total_seconds()
         # Keys of an earlier default group on the same store (torchrun's agent store outlives
         # init_process_group) must not be read as this one's: every process counts itself in.
-        generation = (self.default_store.add(PREFIX + "generation", 1) - 1) // self.world
+        generation = (store.add(PREFIX + "generation", 1) - 1) // self.world
         self.prefix = f"{PREFIX}{generation}/"
         self.seq: dict[str, int] = {}  # per stream (calling thread's name): calls entered
         self.exchanges: dict[str, int] = {}  # per stream: exchanges begun (the slot ring's)
@@ -87,7 +90,7 @@ class _Session:
         waiting ``get`` holds it: a loader thread and the main thread must not share one)."""
         store = getattr(self.local, "store", None)
         if store is None:
-            store = self.local.store = self.default_store.clone()
+            store = self.local.store = default_store().clone()
         return store
 
     def enter(self, what: str) -> tuple[str, int]:
