@@ -4,8 +4,9 @@ shards, local shards back, in-step annotations and dispatch.
 torch_xla itself is reached through ``runtime.py`` (imported on first use), its meshes through
 ``mesh.py``. Each call into torch_xla's private ``_XLAC`` API sits in one small function, with
 the version it was checked on (torch_xla 2.9.0); the benchmarks call those functions too.
-torch_xla has no shardings it cannot express, no cheap collective outside a step and no
-per-thread device, so the record has no ``limits``, ``processes`` or ``threads``.
+torch_xla has no cheap collective outside a step and no per-thread device, so the record has
+no ``processes`` or ``threads``; its ``limits`` refuse a sharded leaf of rank above
+``MAX_SHARDED_RANK``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, NamedSharding
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.topology import Topology
+
+# torch_xla 2.9's ShardingUtil (xla_sharding_util.cpp:124, "tile_assignment ranks > 5") logs
+# an error for a tile assignment of rank 6 or more and builds one with every tile on device 0;
+# placing such a leaf succeeded with that corrupt layout and reading it back segfaulted.
+# mark_sharding refuses the same tensor. Replicated leaves have no tile assignment and work
+# at any rank. tests/backend/xla/test_backend.py pins the runtime's behaviour.
+MAX_SHARDED_RANK = 5
 
 # A background transfer of fewer bytes (this process's shards of one leaf) keeps the direct
 # call: it holds the GIL for < ~0.2 ms, no longer than Python's own time slices, and the
@@ -349,6 +357,21 @@ class XlaRuntime:
         return x.index_select(0, index.to(x.device))
 
 
+class XlaLimits:
+    """What torch_xla cannot express (``LayoutLimits``): a sharded leaf of rank above 5."""
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        if len(axes) > MAX_SHARDED_RANK and any(axes):
+            raise ShardingError(
+                f"torch_xla shards arrays of rank up to {MAX_SHARDED_RANK}, but this one has "
+                f"rank {len(axes)} and is split over mesh axes "
+                f"{[a for dim in axes for a in dim]} (torch_xla 2.9 would place every tile on "
+                "device 0, and reading it back crashes the process). Reshape it to rank "
+                f"{MAX_SHARDED_RANK} or less on the host (e.g. merge trailing dimensions with "
+                "x.reshape(x.shape[0], -1)), or replicate it (P())."
+            )
+
+
 _XLA = XlaRuntime()
-BACKEND = Backend("xla", place=_XLA, read=_XLA, step=_XLA, meshes=XlaMeshes())
+BACKEND = Backend("xla", place=_XLA, read=_XLA, step=_XLA, meshes=XlaMeshes(), limits=XlaLimits())
 register(BACKEND)
