@@ -354,7 +354,30 @@ class XlaRuntime:
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # XLA partitions this gather over a row-split operand itself (a masked local gather
         # and an all-reduce of the output; docs/design.md). Plain tensors take the same path.
-        return x.index_select(0, index.to(x.device))
+        # The all-reduce adds the owner's row to zeros: in floating point that turns -0.0
+        # into 0.0 and rewrites NaN payloads, so floats (and complex parts) are gathered as
+        # integers of their width, which add exactly. A tensor that needs grad keeps the
+        # float route (an integer view has no gradient): its -0.0 and NaN bits may change.
+        index = index.to(x.device)
+        ints = _SAME_WIDTH_INT.get(x.dtype)
+        if ints is None or (x.requires_grad and torch.is_grad_enabled()):
+            return x.index_select(0, index)
+        if x.is_complex():
+            parts = torch.view_as_real(x)
+            taken = parts.view(ints).index_select(0, index).view(parts.dtype)
+            return torch.view_as_complex(taken.contiguous())
+        return x.view(ints).index_select(0, index).view(x.dtype)
+
+
+# The integer dtype of each floating dtype's width (complex: of its parts'), for take_rows.
+_SAME_WIDTH_INT = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.complex64: torch.int32,
+    torch.complex128: torch.int64,
+}
 
 
 class XlaLimits:
