@@ -34,6 +34,7 @@ import contextlib
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -64,8 +65,16 @@ def is_comm_error(error: BaseException) -> bool:
 class _Session:
     """torchshard's collective state on one default process group."""
 
+    @property
+    def group(self) -> Any:
+        """The default group this session is of (``None`` once it is destroyed)."""
+        return self._group()
+
     def __init__(self, world: Any) -> None:
-        self.group = world
+        # Weakly: a group held past destroy_process_group keeps its store, and on rank 0 the
+        # store owns the TCPStore server on MASTER_PORT, so the next init_process_group timed
+        # out in gloo's connect (plain torch re-initialises fine).
+        self._group = weakref.ref(world)
         # The default group's store itself is not kept: on rank 0 it owns the TCPStore server,
         # and holding it past destroy_process_group kept the old server on MASTER_PORT, so the
         # next init_process_group timed out in gloo's connect. Threads clone it when first used.
