@@ -11,8 +11,8 @@ Every backend implements the four that every runtime has:
 A backend implements the other three only when its runtime has what they describe; the
 record holds ``None`` otherwise, and the callers skip the step (nothing is a no-op member):
 
-- ``LayoutLimits``: shardings the runtime cannot express (DTensor; torch_xla expresses every
-  spec torchshard accepts);
+- ``LayoutLimits``: shardings the runtime cannot express (DTensor's; torch_xla's: a sharded
+  leaf of rank above 5);
 - ``ProcessChecks``: cheap collectives outside a step, which compare what the processes pass
   (DTensor; torch_xla has none);
 - ``DeviceThreads``: a current device per thread and copy streams to fence (DTensor on an
