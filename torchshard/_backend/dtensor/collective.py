@@ -182,8 +182,9 @@ class _Session:
         the ranks that are not in the call, or that did not report within ``GRACE``."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         timed_out = "timeout" in cause.lower() or "timed out" in cause.lower()
-        head = f"{what}: torchshard's collective (call #{n} on rank {self.rank}) " + (
-            f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})"
+        head = (
+            f"{what}: torchshard's collective (call #{n} of thread {stream!r} on rank {self.rank}) "
+            + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
         )
         try:
             fail = f"{self.prefix}fail/{stream}/{n}/"
@@ -194,7 +195,11 @@ class _Session:
                     continue
                 at = self.where_is(stream, q)
                 if at is None:
-                    absent.append(f"rank {q} (no torchshard call yet)")
+                    absent.append(
+                        f"rank {q} (no torchshard call yet on a thread named {stream!r}: calls "
+                        "are matched by the calling thread's name, so the threads making the "
+                        "same calls must have the same name on every process)"
+                    )
                 elif at != (n, what):
                     elsewhere.append(f"rank {q} (its last torchshard call: #{at[0]} {at[1]})")
             if not timed_out:  # a lost peer: those in the call that do not report are gone
