@@ -204,3 +204,28 @@ def replica_values(kind: str, check: bool) -> dict[str, Any]:
     finally:
         ts.set_value_check(old)
     return out
+
+
+def thread_names_differ() -> dict[str, Any]:
+    """Each rank makes the same call from a thread named after its rank: calls are matched by
+    thread name, so they never meet; the timeout error says so (it blamed "no torchshard call
+    yet" and nothing more)."""
+    import threading
+
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    mesh = _mesh(dist.get_world_size())
+    out: dict[str, Any] = {}
+    with mesh:
+        ts.host_to_global_array(torch.zeros(2, 3))  # the main threads: in step
+
+    def work() -> None:
+        with mesh:
+            out.update(_timed(lambda: ts.host_to_global_array(torch.zeros(2, 3))))
+
+    t = threading.Thread(target=work, name=f"worker-of-rank-{rank}")
+    t.start()
+    t.join(60)
+    return out

@@ -593,3 +593,62 @@ def parity() -> dict[str, Any]:
         "c": c,
         "row": row,
     }
+
+
+def mesh_axes_disagree() -> dict[str, Any]:
+    """Rank 1 names its mesh's axes in the other order (the same grid of ranks): the same spec
+    would place differently there. Before, the agreement check passed and the ranks got
+    DTensors with different placements; now every rank raises the same error."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank = dist.get_rank()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names = ("model", "data") if rank == 1 else ("data", "model")
+    mesh = ts.Mesh.from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=names))
+    with mesh:
+        error = _catch(
+            lambda: ts.host_to_global_array({"x": torch.zeros(4, 2)}, partition=ts.P("data"))
+        )
+    same = _mesh(np.arange(4).reshape(2, 2), ("data", "model"))
+    with same:
+        g = ts.host_to_global_array({"x": torch.ones(4, 2)}, partition=ts.P("data"))["x"]
+        placements = placement_names(g.placements)
+    return {"error": error, "after": placements}
+
+
+def reinit_process_group() -> dict[str, Any]:
+    """torchshard runs, then the program re-initialises the default process group (a new
+    store on the same port): before, rank 0's old TCPStore server was still held by
+    torchshard's session and the second init_process_group timed out in gloo's connect."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = _mesh(np.arange(world), ("data",))
+    with mesh:
+        first = ts.host_to_global_array(
+            {"x": torch.full((2,), float(rank))}, partition=ts.P("data")
+        )
+        before = ts.replicate_to_local_data(first)["x"].tolist()
+    backend = dist.get_backend()
+    dist.barrier()
+    dist.destroy_process_group()
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),
+    )
+    mesh = _mesh(np.arange(world), ("data",))
+    with mesh:
+        second = ts.host_to_global_array(
+            {"x": torch.full((2,), float(rank) + 10)}, partition=ts.P("data")
+        )
+        after = ts.replicate_to_local_data(second)["x"].tolist()
+    return {"before": before, "after": after}

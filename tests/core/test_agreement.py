@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import torchshard as ts
-from torchshard._core.agreement import describe, digest, disagreement
+from torchshard._core import agreement
+from torchshard._core.agreement import describe, digest, disagreement, with_mesh
 from torchshard._core.tree import LazyPaths, flatten
 
 
@@ -90,3 +91,63 @@ def test_set_agreement_check_rejects_non_bools():
     msg = "set_agreement_check: expected a bool, but got 1."
     with pytest.raises(TypeError, match=re.escape(msg)):
         ts.set_agreement_check(1)
+
+
+# -- the environment switches: every spelling of off is off, anything else is refused --
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "no", "off", "disabled", " NO ", "Disabled", ""])
+def test_every_spelling_of_off_turns_the_checks_off(raw, monkeypatch):
+    """``TORCHSHARD_AGREEMENT_CHECK=no`` and ``TORCHSHARD_VALUE_CHECK=disabled`` were read as
+    on, without a word."""
+    monkeypatch.setenv(agreement.ENV_VAR, raw)
+    monkeypatch.setenv(agreement.VALUES_ENV_VAR, raw)
+    state = agreement._State()
+    assert state.enabled is False and state.values is False
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "yes", "on", "enabled", " On "])
+def test_every_spelling_of_on_turns_the_checks_on(raw, monkeypatch):
+    monkeypatch.setenv(agreement.ENV_VAR, raw)
+    monkeypatch.setenv(agreement.VALUES_ENV_VAR, raw)
+    state = agreement._State()
+    assert state.enabled is True and state.values is True
+
+
+def test_an_unknown_switch_value_is_refused(monkeypatch):
+    monkeypatch.delenv(agreement.ENV_VAR, raising=False)
+    monkeypatch.setenv(agreement.VALUES_ENV_VAR, "nope")
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "environment variable TORCHSHARD_VALUE_CHECK='nope': expected one of 1, true, yes, "
+            "on, enabled (on) or 0, false, no, off, disabled (off), but got 'nope'. Set "
+            "TORCHSHARD_VALUE_CHECK=0 to turn the check off or TORCHSHARD_VALUE_CHECK=1 to "
+            "turn it on."
+        ),
+    ):
+        agreement._State()
+    monkeypatch.delenv(agreement.VALUES_ENV_VAR)
+    state = agreement._State()  # unset: the defaults
+    assert state.enabled is True and state.values is False
+
+
+def test_processes_on_meshes_with_the_axes_in_another_order_disagree():
+    """The DTensor backend adds the mesh to the structure line: ranks whose meshes differ
+    (axes in another order) passed the check and placed the same spec differently."""
+    a = ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"), backend="dtensor")
+    b = ts.Mesh(np.arange(8).reshape(2, 4), ("model", "data"), backend="dtensor")
+    items = _describe({"x": np.zeros((8, 2), np.float32)}, ts.P("data"))
+    mine, other = with_mesh(items, a), with_mesh(items, b)
+    assert mine != other and mine[1:] == items[1:]
+    assert digest(mine) != digest(other)
+    err = disagreement("host_arrays", [mine, other], lambda i: f"leaf {i}")
+    assert str(err) == (
+        "host_arrays: every process must place on the same mesh (axis names in the same order, "
+        "the same sizes and devices); expected mesh {'data': 4, 'model': 2} of devices "
+        "[[0, 1], [2, 3], [4, 5], [6, 7]] (as on process 0), got mesh {'model': 2, 'data': 4} "
+        "of devices [[0, 1, 2, 3], [4, 5, 6, 7]] on process(es) [1]. Build the mesh alike on "
+        "every process (e.g. init_device_mesh(..., mesh_dim_names=...) with the same names in "
+        "the same order)."
+    )
+    assert with_mesh(items, a) == with_mesh(items, a)  # the same mesh: nothing differs

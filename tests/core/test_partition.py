@@ -170,3 +170,19 @@ def test_dataclass_spec_trees(mesh42):
         ts.errors.UnsupportedPartitionError, match=re.escape("Unsupported partition: 3")
     ):
         ts.data_partition_type_to_spec(Pair(c=3, d=None))
+
+
+def test_complete_partition_spec_tree_matches_dicts_by_key():
+    """An OrderedDict tree with a plain-dict spec tree (and the other way round): each key
+    keeps its own spec, in the tree's own key order (they were matched by position)."""
+    P = ts.P
+    tree = collections.OrderedDict(b=1, a=[2, 3])
+    expected = collections.OrderedDict(b=None, a=[P("x"), P("x")])
+    for given in (tree, optree.tree_structure(tree)):
+        got = ts.complete_partition_spec_tree(given, {"a": P("x"), "b": None})
+        assert got == expected
+        assert type(got) is collections.OrderedDict and list(got) == ["b", "a"]
+    got = ts.complete_partition_spec_tree(
+        {"a": 1, "b": 2}, collections.OrderedDict(b=P("y"), a=None)
+    )
+    assert got == {"a": None, "b": P("y")}

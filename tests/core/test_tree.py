@@ -210,3 +210,172 @@ def test_a_flat_dict_keeps_its_key_order_and_its_values():
     assert list(unflatten(spec, leaves)) == ["b", "a"]  # the dict's own order back
     c = {"a": torch.ones(1), "b": np.ones(1)}  # same keys, other insertion order
     assert list(unflatten(*reversed(flatten(c)))) == ["a", "b"]
+
+
+# -- prefixes are matched by key, whatever order each dict flavour keeps --
+
+_FLAVOURS = {
+    "dict": dict,
+    "OrderedDict": collections.OrderedDict,
+    "defaultdict": lambda items: collections.defaultdict(list, items),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from("abcdef"), min_size=1, max_size=5, unique=True),
+    data_order=st.randoms(use_true_random=False),
+    prefix_order=st.randoms(use_true_random=False),
+    data_flavour=st.sampled_from(sorted(_FLAVOURS)),
+    prefix_flavour=st.sampled_from(sorted(_FLAVOURS)),
+)
+def test_a_prefix_dict_is_matched_by_key_in_every_flavour_and_order(
+    keys, data_order, prefix_order, data_flavour, prefix_flavour
+):
+    """An OrderedDict of data with a plain-dict partition (or any mix of dict, OrderedDict and
+    defaultdict, in any insertion order) gives each key its own spec: optree orders a dict's
+    keys sorted and an OrderedDict's as inserted, so matching by position swapped them."""
+    data_keys, prefix_keys = list(keys), list(keys)
+    data_order.shuffle(data_keys)
+    prefix_order.shuffle(prefix_keys)
+    data = _FLAVOURS[data_flavour]([(k, [k + "0", k + "1"]) for k in data_keys])
+    prefix = _FLAVOURS[prefix_flavour]([(k, ts.P(k)) for k in prefix_keys])
+    leaves, spec = flatten(data)
+    got = broadcast_prefix(
+        prefix, data, is_prefix_leaf=_is_spec, prefix_name="partition", full_name="host_arrays"
+    )
+    assert [s[0] for s in got] == [leaf[0] for leaf in leaves]  # each leaf: its own key's spec
+    back = unflatten(spec, got)
+    assert type(back) is type(data) and list(back) == data_keys
+    assert all(back[k] == [ts.P(k), ts.P(k)] for k in keys)
+
+
+def test_a_nested_prefix_is_matched_by_key_at_every_level():
+    data = collections.OrderedDict(
+        z={"b": 1, "a": collections.OrderedDict(q=2, p=3)}, y=collections.OrderedDict(d=4, c=5)
+    )
+    prefix = {
+        "y": ts.P("y"),
+        "z": collections.OrderedDict(a={"p": ts.P("p"), "q": None}, b=ts.P("b")),
+    }
+    got = broadcast_prefix(
+        prefix, data, is_prefix_leaf=_is_spec, prefix_name="partition", full_name="host_arrays"
+    )
+    spec = flatten(data)[1]
+    assert unflatten(spec, got) == collections.OrderedDict(
+        z={"b": ts.P("b"), "a": collections.OrderedDict(q=None, p=ts.P("p"))},
+        y=collections.OrderedDict(d=ts.P("y"), c=ts.P("y")),
+    )
+
+
+# -- the flat-dict memo: keys that compare equal are not the same key --
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(1, True), (True, 1), (2, 2.0), (0, False), ("a", np.str_("a"))],
+    ids=["1-True", "True-1", "2-2.0", "0-False", "str-np.str_"],
+)
+def test_a_flat_dict_keeps_its_own_keys(first, second, monkeypatch):
+    """A dict keyed ``True`` after one keyed ``1`` (``2.0`` after ``2``, ``np.str_`` after
+    ``str``) comes back with its own key and key type, not the remembered one."""
+    from torchshard._core import tree
+
+    monkeypatch.setattr(tree, "_FLAT_DICTS", {})  # nothing remembered from other tests
+    flatten({first: np.zeros(1)})
+    flatten({first: np.zeros(1)})  # remembered, if it may be
+    leaves, spec = flatten({second: np.ones(1)})
+    back = unflatten(spec, leaves)
+    (key,) = back
+    assert key == second and type(key) is type(second)
+    assert spec == optree_structure({second: 0})
+
+
+def optree_structure(tree):
+    import optree
+
+    return optree.tree_structure(tree, none_is_leaf=False, namespace=NAMESPACE)
+
+
+# -- dataclass fields with init=False --
+
+
+@dataclasses.dataclass
+class Late:
+    x: object
+    y: object = dataclasses.field(init=False, default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    x: object
+    n: object = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "n", [self.x])
+
+
+@dataclasses.dataclass
+class Unset:
+    x: object
+    y: object = dataclasses.field(init=False)
+
+
+def test_dataclass_fields_with_init_false_are_children():
+    """A field set after construction is a leaf of the tree and is set again on the rebuilt
+    node (it was dropped: the rebuilt node had its default, ``None``)."""
+    late = Late(1)
+    late.y = 2
+    leaves, spec = flatten(late)
+    assert leaves == [1, 2]
+    back = unflatten(spec, [10, 20])
+    assert type(back) is Late and (back.x, back.y) == (10, 20)
+    assert paths(spec, "t") == ["t.x", "t.y"]
+    # frozen, set in __post_init__: the leaf's new value wins over the recomputed one
+    leaves, spec = flatten(Derived(3))
+    assert leaves == [3, 3]
+    back = unflatten(spec, [5, 6])
+    assert back.x == 5 and back.n == [6]
+    # never set: not a child, and still unset after the round trip
+    leaves, spec = flatten(Unset(7))
+    assert leaves == [7]
+    back = unflatten(spec, [8])
+    assert back.x == 8 and not hasattr(back, "y")
+
+
+# -- trees optree cannot flatten: cycles and nesting past its limit --
+
+
+def test_a_cyclic_tree_is_named_with_the_cycle():
+    tree = [np.zeros(1), {"a": [np.ones(1)]}]
+    tree[1]["a"].append(tree[1])
+    with pytest.raises(
+        ts.errors.TreeStructureError,
+        match=re.escape(
+            "host_arrays contains itself: host_arrays[1]['a'][1] is host_arrays[1] (a cycle), "
+            "and a tree must be acyclic. Pass a tree without the back reference."
+        ),
+    ):
+        flatten(tree, name="host_arrays")
+
+
+def test_a_tree_nested_past_optrees_limit_is_named():
+    import optree
+
+    tree = {}
+    inner = tree
+    for _ in range(5000):
+        inner["k"] = {}
+        inner = inner["k"]
+    inner["k"] = np.zeros(1)
+    limit = optree.MAX_RECURSION_DEPTH
+    with pytest.raises(
+        ts.errors.TreeStructureError,
+        match=re.escape(
+            f"host_arrays is nested more than {limit} levels deep (at "
+            f"host_arrays['k']['k']['k']..., {limit} levels), deeper than optree flattens "
+            f"({limit} levels). Flatten the structure (e.g. a list or a dict of leaves) before "
+            "passing it."
+        ),
+    ):
+        flatten(tree, name="host_arrays")

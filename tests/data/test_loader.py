@@ -502,3 +502,26 @@ def test_public_names():
     assert ts.sharded_collate is ts.data.sharded_collate
     assert sorted(ts.__all__) == ts.__all__
     assert all(hasattr(ts, name) for name in ts.__all__)
+
+
+def test_an_ordereddict_batch_with_a_dict_partition_is_matched_by_key(mesh42):
+    """A DataLoader's default_collate keeps the dataset's mapping type: an OrderedDict(b=...,
+    a=...) batch with the partition written as a literal dict gave ``a`` the spec of ``b``."""
+    import collections
+
+    from sharding_oracle import assert_sharded_as
+
+    dataset = [
+        collections.OrderedDict(b=np.full(2, i, np.float32), a=np.full(3, i, np.int32))
+        for i in range(16)
+    ]
+    source = DataLoader(dataset, batch_size=8)
+    loader = ts.GlobalBatchLoader(source, partition={"a": ts.P(), "b": ts.P(("data", "model"))})
+    batches = list(loader)
+    assert len(batches) == 2
+    for k, batch in enumerate(batches):
+        assert type(batch) is collections.OrderedDict and list(batch) == ["b", "a"]
+        assert_sharded_as(batch["a"], mesh42, ts.P())
+        assert_sharded_as(batch["b"], mesh42, ts.P(("data", "model")))
+        host = ts.global_to_host_array(batch)
+        np.testing.assert_array_equal(host["a"][:, 0], np.arange(8 * k, 8 * k + 8))

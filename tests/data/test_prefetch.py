@@ -157,3 +157,63 @@ def test_close_stops_a_thread_waiting_for_bytes():
     time.sleep(0.05)  # it made one item and waits for the budget
     p.close()
     assert wait_until(lambda: not live("bytes"))
+
+
+def test_close_without_waiting_does_not_join_a_thread_blocked_in_the_source():
+    """An abandoned epoch's finalizer closes with ``wait=False``: at exit after Ctrl-C it
+    joined a thread blocked in a slow source for JOIN_SECONDS (10 s) per epoch."""
+    release = threading.Event()
+
+    def blocked(i):
+        release.wait(30)
+        raise StopIteration
+
+    p = Prefetcher(blocked, depth=1, name="prefetch-blocked")
+    t0 = time.perf_counter()
+    p.close(wait=False)
+    assert time.perf_counter() - t0 < 1.0
+    assert len(live("prefetch-blocked")) == 1  # still inside the source
+    release.set()
+    wait_until(lambda: not live("prefetch-blocked"), timeout=10)
+
+
+def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
+    """Ctrl-C (KeyboardInterrupt) in a loop over a GlobalBatchLoader whose source is blocked:
+    the process took JOIN_SECONDS more to exit per open epoch (the finalizer joined the thread).
+    The child sets JOIN_SECONDS to 60 s so that a loaded machine cannot blur the two outcomes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torchshard
+
+    pytest.importorskip("torch_xla", reason="the child process places on torch_xla")
+    root = str(Path(torchshard.__file__).resolve().parents[1])
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        "import threading, time, numpy as np, torchshard as ts\n"
+        "import torchshard.data._prefetch as prefetch\n"
+        "prefetch.JOIN_SECONDS = 60.0\n"
+        "ts.setup_cpu_emulation(8)\n"
+        "class Slow:\n"
+        "    def __iter__(self):\n"
+        "        yield {'x': np.zeros((8, 2), np.float32)}\n"
+        "        threading.Event().wait(60)\n"
+        "with ts.Mesh(np.arange(8), ('data',)):\n"
+        "    for batch in ts.GlobalBatchLoader(Slow()):\n"
+        "        time.sleep(0.3)\n"
+        "        print(time.time(), flush=True)\n"
+        "        raise KeyboardInterrupt\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    end = time.time()
+    assert out.returncode == -2 and "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]  # SIGINT
+    interrupted = float(out.stdout.split()[-1])
+    assert end - interrupted < 30.0  # before: >= JOIN_SECONDS (60 s)

@@ -19,6 +19,8 @@ from torchshard.testing import (
 
 @given(n=st.integers(1, 60), shards=st.integers(1, 6), drop_last=st.booleans())
 def test_unshuffled_shards_are_numpy_strides(n, shards, drop_last):
+    if drop_last and n < shards:  # every host's epoch would be empty: refused (below)
+        return
     usable = n - n % shards if drop_last else n
     for index in range(shards):
         got = list(
@@ -36,6 +38,8 @@ def test_unshuffled_shards_are_numpy_strides(n, shards, drop_last):
 @settings(max_examples=30)
 @given(n=st.integers(1, 80), shards=st.integers(1, 8), seed=st.integers(0, 5))
 def test_shuffled_shards_are_disjoint_and_cover_the_epoch(n, shards, seed):
+    if n < shards:  # every host's epoch would be empty: refused (below)
+        return
     parts = [
         list(ts.host_sampler(range(n), {"num_shards": shards, "shard_index": i}, seed=seed))
         for i in range(shards)
@@ -158,6 +162,10 @@ def _torch_order(n, seed, epoch, shuffle=True):
     drop_last=st.booleans(),
 )
 def test_shards_follow_torchs_order_without_repeats(n, shards, seed, epoch, drop_last):
+    if drop_last and n < shards:  # every host's epoch would be empty: refused
+        with pytest.raises(ValueError, match="gives every host an empty epoch"):
+            ts.host_sampler(range(n), {"num_shards": shards, "shard_index": 0})
+        return
     parts = []
     for h in range(shards):
         s = ts.host_sampler(
@@ -250,3 +258,29 @@ def test_it_is_a_distributed_sampler():
     s = ts.host_sampler(range(10), {"num_shards": 4, "shard_index": 3}, drop_last=False)
     assert isinstance(s, DistributedSampler) and isinstance(s, ts.data.HostSampler)
     assert (s.num_replicas, s.rank, s.num_samples) == (4, 3, 2)  # shards of 3, 3, 2, 2
+
+
+def test_a_dataset_smaller_than_the_shard_count_is_refused():
+    """Every host got an empty epoch without a word; ``drop_last=False`` still pads."""
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "dataset: 3 example(s) over 4 shards with drop_last=True gives every host an empty "
+            "epoch. Use a dataset of at least num_shards examples, or drop_last=False (every "
+            "example once; with last_batch='pad' the short hosts are padded and masked)."
+        ),
+    ):
+        ts.host_sampler(range(3), {"num_shards": 4, "shard_index": 0})
+    feed = {"num_shards": 4, "shard_index": 3}
+    short = ts.host_sampler(range(3), feed, shuffle=False, drop_last=False)
+    assert list(short) == []  # every example once: the loader's last_batch='pad' masks it
+
+
+def test_numpy_ints_in_a_feed_config_are_accepted():
+    """``np.int64`` (a config read with numpy) was refused as not an int."""
+    feed = {"num_shards": np.int64(2), "shard_index": np.int32(1)}
+    assert list(ts.host_sampler(range(6), feed, shuffle=False)) == [1, 3, 5]
+    with pytest.raises(TypeError, match=re.escape("expected an int, but got 1.0.")):
+        ts.host_sampler(range(6), {"num_shards": 2, "shard_index": 1.0})
+    with pytest.raises(TypeError, match=re.escape("expected an int, but got ")):
+        ts.host_sampler(range(6), {"num_shards": 2, "shard_index": np.bool_(True)})

@@ -2,6 +2,7 @@
 (torch_xla's global mesh); nesting, exits out of order, per-thread stacks, and the checks on
 entry (torchshard._mesh.context)."""
 
+import asyncio
 import re
 import threading
 
@@ -125,3 +126,82 @@ def test_threads_nest_their_own_meshes():
     for t in threads:
         t.join(timeout=30)
     assert results == {i: (True, True, True) for i in range(3)}
+    assert xs.get_global_mesh() is None
+
+
+def _entered(mesh, entered, leave):
+    with mesh:
+        entered.set()
+        assert leave.wait(10)
+
+
+def test_torch_xlas_global_mesh_is_the_last_open_entrys():
+    """Thread A inside ``with a``, thread B enters and leaves ``b``: torch_xla's global mesh
+    is B's while B is inside (one per process), and then ``None`` under A's feet (before:
+    the last thread to leave set it to ``None``). Now it is A's again."""
+    a = ts.Mesh(np.arange(8), ("a",))
+    b = ts.Mesh(np.arange(8).reshape(4, 2), ("b", "c"))
+    entered, leave = threading.Event(), threading.Event()
+    t = threading.Thread(target=_entered, args=(a, entered, leave), name="thread-a")
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(a.xla_mesh)
+        b.__enter__()
+        try:
+            assert ts.current_mesh() is b
+            assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(b.xla_mesh)
+        finally:
+            b.__exit__(None, None, None)
+        assert ts.current_mesh() is None
+        assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(a.xla_mesh)
+    finally:
+        leave.set()
+        t.join(10)
+    assert xs.get_global_mesh() is None
+    # the same mesh in two threads at once: nothing to say
+    entered.clear()
+    leave.clear()
+    t = threading.Thread(target=_entered, args=(a, entered, leave), name="thread-a")
+    t.start()
+    try:
+        assert entered.wait(10)
+        with a:
+            assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(a.xla_mesh)
+        assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(a.xla_mesh)
+    finally:
+        leave.set()
+        t.join(10)
+    assert xs.get_global_mesh() is None
+
+
+def test_asyncio_tasks_that_interleave_each_see_their_own_mesh():
+    """Two tasks on one thread, each inside its own ``with mesh:`` across awaits: before, the
+    context was per thread, so each saw the other's mesh (and the exits came out of order)."""
+    a = ts.Mesh(np.arange(8), ("a",))
+    b = ts.Mesh(np.arange(8).reshape(4, 2), ("b", "c"))
+    seen = {}
+
+    async def task(name, mesh, first, second):
+        with mesh:
+            first.set()
+            await second.wait()
+            seen[name] = ts.current_mesh()
+            await asyncio.sleep(0)
+            seen[name + " again"] = ts.current_mesh()
+        seen[name + " after"] = ts.current_mesh()
+
+    async def main():
+        ea, eb = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(task("a", a, ea, eb), task("b", b, eb, ea), return_exceptions=False)
+
+    asyncio.run(main())
+    assert seen == {
+        "a": a,
+        "b": b,
+        "a again": a,
+        "b again": b,
+        "a after": None,
+        "b after": None,
+    }
+    assert ts.current_mesh() is None and xs.get_global_mesh() is None

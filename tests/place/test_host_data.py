@@ -140,3 +140,94 @@ def test_shape_dtype():
         ),
     ):
         shape_dtype(3, "host_specs['a']")
+
+
+# -- tensors whose memory is not their values: refused, naming the leaf and the fix --
+
+
+def _freed():
+    t = torch.arange(4.0)
+    t.untyped_storage().resize_(0)  # as FSDP frees a sharded parameter's storage
+    return t
+
+
+def _fake():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        return torch.ones(8, 2)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: torch.tensor([1 + 2j, 3 - 1j]).conj(),
+            (
+                "x['a']: expected a tensor whose memory holds its values, but got a lazy conjugate "
+                "view (x.conj() of a complex tensor: the memory holds the unconjugated values). "
+                "Pass x.resolve_conj()."
+            ),
+        ),
+        (
+            lambda: torch._neg_view(torch.arange(4.0)),
+            (
+                "x['a']: expected a tensor whose memory holds its values, but got a lazy negative "
+                "view (the memory holds the values negated). Pass x.resolve_neg()."
+            ),
+        ),
+        (
+            lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+            (
+                "x['a']: expected a dense tensor, but got a nested tensor, whose parts differ in "
+                "shape. Pad it to one shape (x.to_padded_tensor(0)) or pass its parts as leaves of "
+                "their own (x.unbind())."
+            ),
+        ),
+        (
+            _freed,
+            (
+                "x['a']: expected a tensor with data, but got one of shape (4,) whose storage was "
+                "freed (resized to 0 bytes, as FSDP does to a sharded parameter)."
+            ),
+        ),
+        (
+            _fake,
+            (
+                "x['a']: expected a tensor with data, but got a FakeTensor (made under "
+                "FakeTensorMode), which has a shape and a dtype but no values."
+            ),
+        ),
+    ],
+    ids=["conj", "neg", "nested", "freed-storage", "FakeTensor"],
+)
+def test_tensors_whose_memory_is_not_their_values_are_refused(make, message, mesh8):
+    """Before: the conjugate and negative views moved their memory (the wrong values, or an
+    obscure error), a nested tensor or freed storage an obscure error, a FakeTensor a
+    segfault."""
+    import torchshard as ts
+
+    x = make()
+    with pytest.raises(TypeError, match=re.escape(message)):
+        as_host_tensor(x, "x['a']")
+    with (
+        mesh8,
+        pytest.raises(TypeError, match=re.escape(message.replace("x['a']", "host_arrays['a']"))),
+    ):
+        ts.host_to_global_array({"a": x}, partition=ts.P())
+
+
+def test_resolved_views_are_placed_with_their_values(mesh8):
+    import torchshard as ts
+
+    z = torch.tensor([1 + 2j, 3 - 1j] * 4)
+    n = torch.arange(8.0)
+    with mesh8:
+        g = ts.host_to_global_array(
+            {"c": z.conj().resolve_conj(), "n": torch._neg_view(n).resolve_neg()},
+            partition=ts.P("data"),
+        )
+        back = ts.global_to_host_array(g)
+    assert torch.equal(back["c"], torch.conj_physical(z))
+    assert torch.equal(back["n"], -n)

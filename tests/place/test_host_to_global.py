@@ -388,3 +388,39 @@ def test_dataclass_spec_prefix(mesh42):
     )
     _check_shards(g.ids, x, ts.current_mesh(), ts.P("data"))
     _check_shards(g.mask["m"], x, ts.current_mesh(), ts.P())
+
+
+# -- a partition dict is matched to the data by key, whatever flavour each dict is --
+
+
+@pytest.mark.parametrize(
+    ("data_type", "partition_type"),
+    [
+        (collections.OrderedDict, dict),
+        (dict, collections.OrderedDict),
+        (lambda items: collections.defaultdict(list, items), collections.OrderedDict),
+        (collections.OrderedDict, lambda items: collections.defaultdict(list, items)),
+    ],
+    ids=["OrderedDict-data", "OrderedDict-partition", "defaultdict-data", "defaultdict-partition"],
+)
+def test_a_partition_dict_is_matched_to_the_data_by_key(mesh8, data_type, partition_type):
+    """OrderedDict(b=..., a=...) data with {"a": P(), "b": P("data")} gave ``a`` the spec of
+    ``b`` and ``b`` the spec of ``a`` (optree sorts a dict's keys, keeps an OrderedDict's
+    order, and the specs were matched by position)."""
+    b = np.arange(16, dtype=np.float32).reshape(8, 2)
+    a = np.arange(24, dtype=np.int32).reshape(4, 6)
+    data = data_type([("b", b), ("a", a)])
+    partition = partition_type([("b", ts.P("data")), ("a", ts.P())])  # dicts sort, OrderedDicts not
+    g = ts.host_to_global_array(data, partition=partition)
+    assert type(g) is type(data) and list(g) == ["b", "a"]
+    _check_shards(g["a"], a, mesh8, ts.P())
+    _check_shards(g["b"], b, mesh8, ts.P("data"))
+    specs = ts.host_to_global_specs(data, partition=partition)
+    assert specs["a"].sharding.spec == ts.P() and specs["b"].sharding.spec == ts.P("data")
+    # and with a given global shape per key: the valid call was refused, naming the other leaf
+    shapes = partition_type([("b", (8, 2)), ("a", (4, 6))])
+    g = ts.host_to_global_array(data, partition=partition, global_shape=shapes)
+    assert tuple(g["a"].shape) == (4, 6) and tuple(g["b"].shape) == (8, 2)
+    _check_shards(g["a"], a, mesh8, ts.P())
+    specs = ts.host_to_global_specs(data, partition=partition, global_shape=shapes)
+    assert specs["a"].shape == (4, 6) and specs["b"].shape == (8, 2)

@@ -308,3 +308,15 @@ def test_accepts_what_mark_sharding_returns(mesh42):
     y = ts.with_sharding_constraint(wrapped, P("model"))
     assert_sharded_as(y, mesh42, P("model"))
     assert torch.equal(ts.replicate_to_local_data(y), torch.arange(16.0).reshape(8, 2))
+
+
+def test_a_spec_dict_is_matched_to_the_data_by_key(mesh42):
+    """OrderedDict(b=..., a=...) data with a plain-dict spec tree: each key gets its own spec
+    (they were matched by position: a dict sorts its keys, an OrderedDict keeps them)."""
+    import collections
+
+    x = collections.OrderedDict(b=_global(mesh42, _rows()), a=_global(mesh42, _rows()))
+    out = ts.with_sharding_constraint(x, {"a": P(), "b": P("data", "model")})
+    assert type(out) is collections.OrderedDict and list(out) == ["b", "a"]
+    assert_sharded_as(out["a"], mesh42, P())
+    assert_sharded_as(out["b"], mesh42, P("data", "model"))

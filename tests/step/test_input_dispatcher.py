@@ -486,3 +486,83 @@ def test_permuted_logical_feeds_are_not_the_identity(mesh8):
         feeds.append(d.logical_to_physical_batch({"v": np.arange(4) + 4 * shard}))
     out = d.physical_to_logical_batch(_assemble(feeds, 2, d.partition_spec))
     assert ts.replicate_to_local_data(out)["v"].tolist() == list(range(8))
+
+
+# -- dispatch moves bits: -0.0 and NaN payloads survive --
+
+_BITS = {
+    torch.float16: (torch.int16, [-0x8000, 0x7C01, 0x7E5A, -0x0201]),
+    torch.bfloat16: (torch.int16, [-0x8000, 0x7F81, 0x7FC5, -0x003F]),
+    torch.float32: (torch.int32, [-0x80000000, 0x7FC00001, 0x7F800ABC, -0x003FFFFF]),
+    torch.float64: (torch.int64, [-(2**63), 0x7FF8000000000001, 0x7FF0000000ABCDEF, -1]),
+}
+
+
+def _odd_floats(dtype, n):
+    """``n`` values of ``dtype`` with -0.0 and NaNs of several payloads (and signs)."""
+    ints, raw = _BITS[dtype]
+    return torch.tensor((raw * n)[:n], dtype=ints).view(dtype)
+
+
+def _bits(t):
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    return t.contiguous().view(_BITS[t.dtype][0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64], ids=str)
+def test_take_rows_is_bit_exact_on_torch_xla(mesh8, dtype):
+    """torch_xla gathers the rows with a masked local gather and an all-reduce: in floating
+    point that turned -0.0 into 0.0 and rewrote NaN payloads. The rows now travel as integers
+    of the same width. (float16 and bfloat16 keep -0.0, but XLA's CPU devices quiet their
+    NaN payloads on the way: pinned below.)"""
+    from torchshard._backend.registry import lookup
+
+    real = torch.float32 if dtype is torch.complex64 else dtype
+    x = _odd_floats(real, 8 * 3).reshape(8, 3)
+    if dtype is torch.complex64:
+        x = torch.complex(x, x.flip(0))
+    index = torch.tensor([5, 0, 7, 7, 2])
+    with mesh8:
+        g = ts.host_to_global_array(x, partition=ts.P("data"))
+        out = lookup(g).step.take_rows(g, index).cpu()
+    assert out.dtype == dtype and torch.equal(_bits(out), _bits(x[index]))
+
+
+def test_physical_to_logical_still_loses_float_bits_in_torch_xlas_reshard(mesh8):
+    """Pinned upstream behaviour (torch_xla 2.9.0): the gather is exact (above), but the
+    output's constraint to the partition spec (4 logical rows split over 8 devices, an
+    uneven reshard) turns -0.0 into 0.0 and quiets signalling NaNs. DTensor's dispatch is
+    bit-exact. When this fails, the dispatch is bit-exact on torch_xla too: update
+    docs/design.md's failure-mode table."""
+    x = _odd_floats(torch.float32, 12).reshape(4, 3)
+    d = ts.InputDispatcher(
+        4, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=8
+    )
+    with mesh8:
+        g = ts.host_to_global_array(
+            d.logical_to_physical_batch({"x": x}), partition=d.partition_spec
+        )
+        out = ts.global_to_host_array(d.physical_to_logical_batch(g))["x"]
+    assert torch.equal(out.isnan(), x.isnan())  # the values: equal, NaN for NaN
+    assert torch.equal(out[~x.isnan()], x[~x.isnan()])
+    assert not torch.equal(_bits(out), _bits(x))  # the bits: -0.0 and NaN payloads lost
+    negative_zero = _bits(x) == -(2**31)
+    assert negative_zero.any() and (_bits(out)[negative_zero] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_take_rows_of_half_floats_quiets_nan_payloads_on_torch_xla(mesh8, dtype):
+    """Pinned upstream behaviour (torch_xla 2.9.0, CPU devices): -0.0 survives the gather,
+    NaN payloads of float16/bfloat16 come back as the canonical quiet NaN."""
+    from torchshard._backend.registry import lookup
+
+    x = _odd_floats(dtype, 24).reshape(8, 3)
+    with mesh8:
+        g = ts.host_to_global_array(x, partition=ts.P("data"))
+        out = lookup(g).step.take_rows(g, torch.tensor([5, 0, 7])).cpu()
+    ref = x[torch.tensor([5, 0, 7])]
+    nan = ref.isnan()
+    assert torch.equal(out.isnan(), nan)
+    assert torch.equal(_bits(out)[~nan], _bits(ref)[~nan])  # -0.0 kept
+    assert not torch.equal(_bits(out)[nan], _bits(ref)[nan])  # payloads quieted

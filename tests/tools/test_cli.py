@@ -479,3 +479,42 @@ def test_the_dtensor_benches_set_up_no_xla_emulation(
     assert _main(capsys, "bench", FAKE, "--plain", "--quick").returncode == 0
     assert bool(calls) is emulated
     assert "dtensor" in bench.NEEDS_NO_XLA and "h2d" in bench.NEEDS_NO_XLA
+
+
+def test_bench_threads_is_bounded(capsys):
+    """``bench --threads 100000`` ran away (load ~800 on 2 cores) and ``2**40`` was a
+    traceback from torch: both are usage errors now, before anything runs."""
+    top = cli.MAX_THREADS
+    assert top == cli.THREADS_PER_CORE * (os.cpu_count() or 1)
+    for n in (100_000, 2**40, top + 1):
+        result = _main(capsys, "bench", "h2g", "--threads", str(n))
+        _one_line_error(
+            result,
+            "bench",
+            f"argument --threads: expected at most {top:,} (4 per core), but got '{n}'",
+        )
+
+
+def test_layout_png_is_a_png_and_bounded(capsys, tmp_path):
+    """``layout --png x.xyz`` wrote something and exited 0; a 256 x 256 mesh's picture passed
+    3 GB of RSS (the text grid is capped, the picture was not)."""
+    args = ["layout", "--axes", "data", "--spec", "data", "--plain"]
+    odd = tmp_path / "x.xyz"
+    result = _main(capsys, *args, "--mesh", "2", "--shape", "4", "--png", str(odd))
+    _one_line_error(
+        result,
+        "layout",
+        f"--png {odd}: expected a file name ending in .png (the picture is a PNG), e.g. "
+        f"{tmp_path / 'x'}.png",
+    )
+    assert not odd.exists()
+    big = ["layout", "--mesh", "256,256", "--axes", "data,model", "--spec", "data,model"]
+    result = _main(capsys, *big, "--shape", "256,256", "--png", str(tmp_path / "big.png"))
+    _one_line_error(
+        result,
+        "layout",
+        "--png: a 256 x 256 mesh has 65,536 devices; the picture draws at most 1,024 (one box "
+        "each), so leave out --png for the text layout or draw a smaller mesh with the same "
+        "axes",
+    )
+    assert not (tmp_path / "big.png").exists()

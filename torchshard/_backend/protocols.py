@@ -11,8 +11,8 @@ Every backend implements the four that every runtime has:
 A backend implements the other three only when its runtime has what they describe; the
 record holds ``None`` otherwise, and the callers skip the step (nothing is a no-op member):
 
-- ``LayoutLimits``: shardings the runtime cannot express (DTensor; torch_xla expresses every
-  spec torchshard accepts);
+- ``LayoutLimits``: shardings the runtime cannot express (DTensor's; torch_xla's: a sharded
+  leaf of rank above 5);
 - ``ProcessChecks``: cheap collectives outside a step, which compare what the processes pass
   (DTensor; torch_xla has none);
 - ``DeviceThreads``: a current device per thread and copy streams to fence (DTensor on an
@@ -165,6 +165,10 @@ class InStep(Protocol):
 class Meshes(Protocol):
     """The runtime's own mesh objects, and its current mesh."""
 
+    #: Whether the runtime has one current mesh per process (torch_xla's global mesh), which
+    #: ``make_current`` sets for every thread; ``False`` when it keeps none (DTensor).
+    process_wide: bool
+
     def from_native(self, native: Any) -> Mesh:
         """The ``Mesh`` value of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``)."""
         ...
@@ -181,7 +185,9 @@ class Meshes(Protocol):
     def make_current(self, mesh: Mesh | None) -> None:
         """``mesh`` became the current mesh of the program (``with mesh:``; ``None``: no mesh
         of this backend is current any more). torch_xla sets its global mesh; DTensor builds
-        the mesh's ``DeviceMesh`` (collective) on the program's thread."""
+        the mesh's ``DeviceMesh`` (collective) on the program's thread. Where the runtime's
+        mesh is ``process_wide``, it is also called when a mesh is left, with the mesh of the
+        entry made last among those still open in the process."""
         ...
 
 

@@ -11,7 +11,10 @@ leaf that differs; every process then raises the same ``ProcessDisagreementError
 
 The check is on by default. ``set_agreement_check(False)`` turns it off for the process, and so
 does the environment variable ``TORCHSHARD_AGREEMENT_CHECK=0``, read once when this module is
-first imported. Standard library only; the collective itself belongs to the backend.
+first imported (``0``, ``false``, ``no``, ``off``, ``disabled`` turn a check off; ``1``, ``true``,
+``yes``, ``on``, ``enabled`` on; anything else is a ``ValueError``). The DTensor backend adds
+the mesh to the description (``with_mesh``). Standard library only; the collective itself
+belongs to the backend.
 
 A ``GlobalBatchLoader`` assembles batches on a background thread, whose progress differs from
 process to process (one process may be making batch 7 while another has stopped after 6), so
@@ -33,14 +36,34 @@ from torchshard._core.errors import ProcessDisagreementError, at
 
 ENV_VAR = "TORCHSHARD_AGREEMENT_CHECK"
 VALUES_ENV_VAR = "TORCHSHARD_VALUE_CHECK"
-_OFF = ("0", "false", "off", "")
+_ON = ("1", "true", "yes", "on", "enabled")
+_OFF = ("0", "false", "no", "off", "disabled", "")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The switch in environment variable ``name`` (``default`` when unset): one of ``_ON`` or
+    ``_OFF`` (any case, surrounding spaces ignored); anything else is a ``ValueError`` naming
+    the variable, never read as either."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(
+        f"environment variable {name}={raw!r}: expected one of {', '.join(_ON)} (on) or "
+        f"{', '.join(v for v in _OFF if v)} (off), but got {raw!r}. Set {name}=0 to turn the "
+        f"check off or {name}=1 to turn it on."
+    )
 
 
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in _OFF
-        self.values = os.environ.get(VALUES_ENV_VAR, "0").strip().lower() not in _OFF
+        self.enabled = env_flag(ENV_VAR, True)
+        self.values = env_flag(VALUES_ENV_VAR, False)
 
 
 _STATE = _State()
@@ -128,6 +151,21 @@ def describe(treespec: Any, leaves: Sequence[Any], partition: Any) -> list[str]:
     return out
 
 
+def describe_mesh(mesh: Any) -> str:
+    """The mesh a call runs on, as the agreement compares it: axis names and sizes in order,
+    and the device ids of the grid (processes that built their meshes with the axes in
+    another order place the same spec differently)."""
+    return f"mesh {dict(mesh.shape)} of devices {mesh.devices.tolist()}"
+
+
+def with_mesh(items: Sequence[str], mesh: Any) -> list[str]:
+    """``describe`` output with the mesh added to its first line (the structure's)."""
+    out = list(items)
+    if out and out[0].startswith("structure "):
+        out[0] = f"{out[0]}, {describe_mesh(mesh)}"
+    return out
+
+
 def digest(items: Sequence[str]) -> int:
     """A signed 64-bit hash of ``items`` (to all-gather as one int64)."""
     h = hashlib.blake2b(digest_size=8)
@@ -155,6 +193,18 @@ def disagreement(
             if d != seen[0]:
                 groups.setdefault(d, []).append(p)
         got = "; ".join(f"{d} on process(es) {ps}" for d, ps in groups.items())
+        if i == 0 and len({d.rpartition(", mesh ")[0] for d in seen}) == 1 and ", mesh " in ref[0]:
+            meshes = "; ".join(f"{_mesh_of(d)} on process(es) {ps}" for d, ps in groups.items())
+            return ProcessDisagreementError(
+                at(
+                    argname,
+                    f"every process must place on the same mesh (axis names in the same order, "
+                    f"the same sizes and devices); expected {_mesh_of(seen[0])} (as on "
+                    f"process 0), got {meshes}. Build the mesh alike on every process (e.g. "
+                    "init_device_mesh(..., mesh_dim_names=...) with the same names in the same "
+                    "order).",
+                )
+            )
         if i == 0:
             return ProcessDisagreementError(
                 at(
@@ -179,6 +229,10 @@ def disagreement(
             f"({ref!r}); this is a torchshard bug.",
         )
     )
+
+
+def _mesh_of(line: str) -> str:
+    return "mesh " + line.rpartition(", mesh ")[2]
 
 
 END = "the end of the source"

@@ -1,32 +1,33 @@
-"""The mesh context: which mesh is current in this thread (pure; no runtime is told here).
+"""The mesh context: which mesh is current in this task or thread (pure; no runtime is told).
 
-A stack of ``Mesh`` values per thread, innermost last. ``torchshard._mesh.context`` enters a
-mesh (``with mesh:``): it tells the mesh's backend, then pushes the mesh here; helper threads
-working for the thread that owns the context push it with ``thread_mesh``, which tells no
-backend. Reading the current mesh is all the core and the layers above need.
+A stack of ``Mesh`` values per execution context, innermost last, held in a ``ContextVar``:
+each thread starts with its own (empty) stack, and each asyncio task has its own, copied from
+the code that created it, so two tasks that interleave ``with mesh:`` on one thread never see
+each other's mesh. ``torchshard._mesh.context`` enters a mesh (``with mesh:``): it tells the
+mesh's backend, then pushes the mesh here; helper threads working for the thread that owns the
+context push it with ``thread_mesh``, which tells no backend. Reading the current mesh is all
+the core and the layers above need.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
+import contextvars
 from collections.abc import Iterator
 
 from torchshard._core.errors import NoMeshError
 from torchshard._core.mesh import Mesh
 
-
-class _MeshStack(threading.local):
-    def __init__(self) -> None:
-        self.stack: list[Mesh] = []
-
-
-_STATE = _MeshStack()
+# An immutable tuple per context: a task that copies its creator's context shares nothing it
+# could mutate with it.
+_STACK: contextvars.ContextVar[tuple[Mesh, ...]] = contextvars.ContextVar(
+    "torchshard_mesh_stack", default=()
+)
 
 
 def current_mesh() -> Mesh | None:
-    """The innermost mesh entered with ``with mesh:`` in this thread, or ``None``."""
-    stack = _STATE.stack
+    """The innermost mesh entered with ``with mesh:`` in this task or thread, or ``None``."""
+    stack = _STACK.get()
     return stack[-1] if stack else None
 
 
@@ -42,21 +43,22 @@ def require_mesh(caller: str) -> Mesh:
 
 
 def push(mesh: Mesh) -> None:
-    """Makes ``mesh`` this thread's current mesh (the outer one is restored by ``pop``)."""
-    _STATE.stack.append(mesh)
+    """Makes ``mesh`` the current mesh of this task or thread (the outer one is restored by
+    ``pop``)."""
+    _STACK.set((*_STACK.get(), mesh))
 
 
 def pop(mesh: Mesh) -> Mesh | None:
-    """Leaves ``mesh``, which must be this thread's current mesh; returns the mesh that is
-    current again (``None``: none). ``RuntimeError`` when contexts exit out of order."""
-    stack = _STATE.stack
+    """Leaves ``mesh``, which must be the current mesh of this task or thread; returns the mesh
+    that is current again (``None``: none). ``RuntimeError`` when contexts exit out of order."""
+    stack = _STACK.get()
     if not stack or stack[-1] is not mesh:
         raise RuntimeError(
             f"Mesh contexts exited out of order: leaving {mesh!r}, but the current mesh is "
             f"{stack[-1] if stack else None!r}."
         )
-    stack.pop()
-    return stack[-1] if stack else None
+    _STACK.set(stack[:-1])
+    return stack[-2] if len(stack) > 1 else None
 
 
 @contextlib.contextmanager

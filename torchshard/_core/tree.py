@@ -32,14 +32,35 @@ def register_leaf_type(cls: type) -> type:
     return cls
 
 
-def _register_dataclass(cls: type) -> None:
-    names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
+_UNSET = object()
 
-    def flatten(obj: Any) -> tuple[list[Any], tuple[str, ...], tuple[str, ...]]:
-        return [getattr(obj, n) for n in names], names, names
+
+def _register_dataclass(cls: type) -> None:
+    fields = dataclasses.fields(cls)
+    names = tuple(f.name for f in fields if f.init)
+    # Fields with init=False are children too (set after construction, e.g. in __post_init__
+    # or by hand): the node is rebuilt with its init fields, then they are set on it
+    # (object.__setattr__, so frozen dataclasses too). The ones set on this instance are part
+    # of the node's metadata, so an unset one stays unset.
+    late = tuple(f.name for f in fields if not f.init)
+
+    def flatten(obj: Any) -> tuple[list[Any], Any, tuple[str, ...]]:
+        children = [getattr(obj, n) for n in names]
+        if not late:
+            return children, names, names
+        set_late = tuple(n for n in late if getattr(obj, n, _UNSET) is not _UNSET)
+        children.extend(getattr(obj, n) for n in set_late)
+        return children, (names, set_late), names + set_late
 
     def unflatten(meta: Any, children: Iterable[Any]) -> Any:  # meta: flatten's names
-        return cls(**dict(zip(meta, children, strict=True)))
+        if not late:
+            return cls(**dict(zip(meta, children, strict=True)))
+        init_names, set_late = meta
+        values = list(children)
+        obj = cls(**dict(zip(init_names, values[: len(init_names)], strict=True)))
+        for n, v in zip(set_late, values[len(init_names) :], strict=True):
+            object.__setattr__(obj, n, v)
+        return obj
 
     optree.register_pytree_node(
         cls, flatten, unflatten, path_entry_type=optree.GetAttrEntry, namespace=NAMESPACE
@@ -59,11 +80,59 @@ def _is_node_dataclass(x: Any) -> bool:
     return cls not in _LEAF_TYPES and cls not in _REGISTERED
 
 
-def _flatten_raw(tree: Any, is_leaf: Callable[[Any], bool] | None) -> tuple[Any, ...]:
+def _optree_flatten(
+    tree: Any, is_leaf: Callable[[Any], bool] | None, name: str
+) -> tuple[list[Any], optree.PyTreeSpec]:
+    try:
+        return optree.tree_flatten(tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE)
+    except RecursionError:
+        raise _too_deep(tree, is_leaf, name) from None
+
+
+def _too_deep(tree: Any, is_leaf: Callable[[Any], bool] | None, name: str) -> TreeStructureError:
+    """Why optree could not flatten ``tree``: a container that contains itself, or nesting
+    deeper than optree's limit (found without recursion, on the error path only)."""
+    limit = optree.MAX_RECURSION_DEPTH
+    # Depth-first, one level at a time: (node, its path's entries, its ancestors' ids -> depth).
+    stack: list[tuple[Any, tuple[Any, ...], dict[int, int]]] = [(tree, (), {})]
+    while stack:
+        node, where, ancestors = stack.pop()
+        if node is None or (is_leaf is not None and is_leaf(node)):
+            continue
+        if id(node) in ancestors:
+            return TreeStructureError(
+                f"{name} contains itself: {_code(name, where)} is "
+                f"{_code(name, where[: ancestors[id(node)]])} (a cycle), and a tree must be "
+                "acyclic. Pass a tree without the back reference."
+            )
+        if len(where) >= limit:
+            shown = _code(name, where[:3]) + "..." if len(where) > 3 else _code(name, where)
+            return TreeStructureError(
+                f"{name} is nested more than {limit} levels deep (at {shown}, {len(where)} "
+                f"levels), deeper than optree flattens ({limit} levels). Flatten the "
+                "structure (e.g. a list or a dict of leaves) before passing it."
+            )
+        try:
+            level = optree.tree_flatten_one_level(node, none_is_leaf=False, namespace=NAMESPACE)
+        except ValueError:  # a leaf
+            continue
+        inside = {**ancestors, id(node): len(where)}
+        for child, entry in zip(level.children, level.entries, strict=True):
+            stack.append((child, (*where, entry), inside))
+    return TreeStructureError(  # pragma: no cover - optree's limit reached another way
+        f"{name} could not be flattened: optree reached its recursion limit ({limit})."
+    )
+
+
+def _code(name: str, where: tuple[Any, ...]) -> str:
+    return name + "".join(f"[{e!r}]" for e in where)
+
+
+def _flatten_raw(
+    tree: Any, is_leaf: Callable[[Any], bool] | None, name: str = "tree"
+) -> tuple[Any, ...]:
     while True:
-        leaves, treespec = optree.tree_flatten(
-            tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
-        )
+        leaves, treespec = _optree_flatten(tree, is_leaf, name)
         # Register the dataclasses found as leaves, except those ``is_leaf`` keeps as leaves
         # (e.g. a dataclass used as a spec in a spec tree), then flatten again.
         new = {
@@ -96,29 +165,42 @@ def register_array_type(cls: type) -> None:
 
 
 def flatten(
-    tree: Any, *, is_leaf: Callable[[Any], bool] | None = None
+    tree: Any, *, is_leaf: Callable[[Any], bool] | None = None, name: str = "tree"
 ) -> tuple[list[Any], optree.PyTreeSpec]:
-    """``(leaves, treespec)`` (``None`` is an empty subtree; dataclasses are nodes)."""
+    """``(leaves, treespec)`` (``None`` is an empty subtree; dataclasses are nodes).
+
+    ``name`` is the tree's name in the error for a tree that contains itself or is nested
+    deeper than optree flattens (``TreeStructureError``)."""
     flat_dict = is_leaf is None and type(tree) is dict
     if flat_dict:
         known = _FLAT_DICTS.get(tuple(tree))
         if known is not None:
             treespec, order = known
-            leaves = [tree[k] for k in order]
-            arrays = _ARRAY_TYPES
-            for x in leaves:  # every value an array: the structure recorded for these keys
-                if type(x) not in arrays:
+            # Only exact-str keys are recorded, and keys that compare equal are not the same
+            # key (True == 1, 2.0 == 2, np.str_("a") == "a"): a hit needs exact-str keys.
+            for k in tree:
+                if type(k) is not str:
                     break
             else:
-                return leaves, treespec
-    leaves, treespec = optree.tree_flatten(
-        tree, is_leaf=is_leaf, none_is_leaf=False, namespace=NAMESPACE
-    )
+                leaves = [tree[k] for k in order]
+                arrays = _ARRAY_TYPES
+                for x in leaves:  # every value an array: the structure recorded for these keys
+                    if type(x) not in arrays:
+                        break
+                else:
+                    return leaves, treespec
+    leaves, treespec = _optree_flatten(tree, is_leaf, name)
     plain = _PLAIN_LEAF_TYPES
     for x in leaves:  # every leaf of a type seen before that is no dataclass
         if type(x) not in plain:
-            return _flatten_raw(tree, is_leaf)  # registers new dataclasses and flattens again
-    if flat_dict and treespec.num_leaves == len(tree) and treespec.num_nodes == len(tree) + 1:
+            # registers new dataclasses and flattens again
+            return _flatten_raw(tree, is_leaf, name)
+    if (
+        flat_dict
+        and treespec.num_leaves == len(tree)
+        and treespec.num_nodes == len(tree) + 1
+        and all(type(k) is str for k in tree)
+    ):
         if len(_FLAT_DICTS) >= _FLAT_DICTS_BOUND:
             _FLAT_DICTS.clear()
         _FLAT_DICTS[tuple(tree)] = (treespec, tuple(treespec.entries()))
@@ -185,15 +267,32 @@ def broadcast_prefix(
     """
     leaf_test = lambda x: x is _NONE or is_prefix_leaf(x)  # noqa: E731
     prefix = _none_to_proxy(prefix_tree, is_prefix_leaf)
-    prefix_leaves, prefix_spec = _flatten_raw(prefix, leaf_test)
-    flatten(full_tree)  # registers the full tree's dataclasses before matching against them
+    prefix_leaves, prefix_spec = _flatten_raw(prefix, leaf_test, prefix_name)
+    # registers the full tree's dataclasses before matching against them
+    full_spec = flatten(full_tree, name=full_name)[1]
     try:
-        subtrees = prefix_spec.flatten_up_to(full_tree)
+        prefix_spec.flatten_up_to(full_tree)  # checks the structure, matching dicts by key
     except ValueError:
         raise _prefix_error(prefix, full_tree, leaf_test, prefix_name, full_name) from None
+    # Matched by key path, not by position: dict flavours order their keys differently (a
+    # dict sorts them, an OrderedDict or a defaultdict keeps insertion order; optree's own
+    # flatten_up_to and broadcast_prefix return the prefix's order), so the i-th subtree of
+    # the prefix need not hold the full tree's i-th leaves.
+    prefix_paths = prefix_spec.paths()
+    full_paths = full_spec.paths()
+    values = [None if leaf is _NONE else leaf for leaf in prefix_leaves]
+    if prefix_paths == full_paths:  # the prefix is the full structure, in the same order
+        return values
+    by_path = dict(zip(prefix_paths, values, strict=True))
     out: list[Any] = []
-    for leaf, sub in zip(prefix_leaves, subtrees, strict=True):
-        out.extend([None if leaf is _NONE else leaf] * len(flatten(sub)[0]))
+    for path in full_paths:
+        for k in range(len(path) + 1):
+            head = path[:k]
+            if head in by_path:
+                out.append(by_path[head])
+                break
+        else:  # pragma: no cover - flatten_up_to checked that the prefix covers every leaf
+            raise _prefix_error(prefix, full_tree, leaf_test, prefix_name, full_name)
     return out
 
 

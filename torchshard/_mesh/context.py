@@ -2,13 +2,27 @@
 
 ``with mesh:`` (``torchshard.Mesh.__enter__``) is ``enter``: the mesh's backend is told first
 (torch_xla sets its global mesh; DTensor builds the mesh's ``DeviceMesh``, a collective, on
-the program's thread), then the mesh becomes this thread's current mesh in the core's context
-(``torchshard._core.context``). ``exit`` restores the outer mesh, in the core and in the
-backend. ``current_topology`` is the topology of a mesh, of a named backend or of the
-process's default backend: an installed emulation's (``virtual_hosts``), else the runtime's.
+the program's thread), then the mesh becomes the current mesh of this task or thread in the
+core's context (``torchshard._core.context``, a ``ContextVar``). ``exit`` restores the outer
+mesh in the core's context.
+
+What torchshard guarantees: its own calls use the mesh of the task or thread that makes them
+(asyncio tasks that interleave ``with mesh:`` on one thread each see their own). A runtime's
+own current mesh may be process-wide (torch_xla's global mesh, ``Meshes.process_wide``): it
+is then the innermost mesh of the entry made last among the entries still open in the
+process, and leaving one restores it to the entry made last among those still open (not to
+``None`` while another thread is inside a mesh). So while threads are inside different
+meshes, torch_xla's ``xs.get_global_mesh()`` is the latest entry's for every thread: pass
+``mesh.xla_mesh`` to torch_xla's own calls explicitly there.
+
+``current_topology`` is the topology of a mesh, of a named backend or of the process's
+default backend: an installed emulation's (``virtual_hosts``), else the runtime's.
 """
 
 from __future__ import annotations
+
+import contextvars
+import threading
 
 from torchshard._backend.registry import default_name, lookup
 from torchshard._core.context import current_mesh, pop, push
@@ -16,19 +30,55 @@ from torchshard._core.mesh import Mesh, topology_of
 from torchshard._core.topology import Topology, emulated
 
 
+class _Entry:
+    """One open ``with mesh:`` of the process."""
+
+    __slots__ = ("mesh",)
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+
+
+# Per backend: the process's open entries, oldest first (the runtime's current mesh is the
+# last one's). This context's own entries, innermost last, are in _MINE.
+_OPEN: dict[str, list[_Entry]] = {}
+_LOCK = threading.Lock()
+_MINE: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar(
+    "torchshard_mesh_entries", default=()
+)
+
+
 def enter(mesh: Mesh) -> None:
-    """Makes ``mesh`` current: in its backend, then in this thread's context."""
-    lookup(mesh).meshes.make_current(mesh)
+    """Makes ``mesh`` current: in its backend, then in this task's or thread's context."""
+    meshes = lookup(mesh).meshes
+    mine = _MINE.get()
+    meshes.make_current(mesh)  # DTensor: may be collective, so not under the lock
+    entry = _Entry(mesh)
+    with _LOCK:
+        entries = _OPEN.setdefault(mesh.backend, [])
+        entries.append(entry)
+        if meshes.process_wide and len(entries) > 1:
+            meshes.make_current(mesh)  # another entry may have told the runtime since
+    _MINE.set((*mine, entry))
     push(mesh)
 
 
 def exit(mesh: Mesh) -> None:
-    """Leaves ``mesh`` (this thread's current mesh): the outer mesh is current again, in this
-    thread's context and in ``mesh``'s backend (which has no current mesh when the outer one
-    is of another backend, or there is none)."""
-    outer = pop(mesh)
-    same = outer if outer is not None and outer.backend == mesh.backend else None
-    lookup(mesh).meshes.make_current(same)
+    """Leaves ``mesh`` (the current mesh of this task or thread): the outer mesh is current
+    again in this context; the backend's current mesh is the innermost mesh of the entry made
+    last among those still open in the process (``None`` when there is none)."""
+    pop(mesh)  # raises, changing nothing, when contexts exit out of order
+    mine = _MINE.get()
+    entry = mine[-1] if mine and mine[-1].mesh is mesh else None
+    if entry is not None:
+        _MINE.set(mine[:-1])
+    meshes = lookup(mesh).meshes
+    with _LOCK:
+        entries = _OPEN.get(mesh.backend, [])
+        if entry is not None and entry in entries:
+            entries.remove(entry)
+        if meshes.process_wide:
+            meshes.make_current(entries[-1].mesh if entries else None)
 
 
 def current_topology(mesh: Mesh | None = None, *, backend: str | None = None) -> Topology:

@@ -54,11 +54,13 @@ class HostCall:
         self.global_shape = global_shape  # None: inferred; else a shape, or a prefix tree
         self.trees = trees
         if len(trees) == 1:  # the common case, without the generic bookkeeping
-            leaves, treespec = flatten(trees[0])
+            leaves, treespec = flatten(
+                trees[0], name="per_host_arrays[0]" if per_host else "host_arrays"
+            )
             self.leaves = [leaves]
             self.treespecs: tuple[optree.PyTreeSpec, ...] = (treespec,)
         else:
-            flat = [flatten(t) for t in trees]
+            flat = [flatten(t, name=f"per_host_arrays[{h}]") for h, t in enumerate(trees)]
             self.leaves = [f[0] for f in flat]
             self.treespecs = tuple(f[1] for f in flat)
         self._paths: list[LazyPaths] | None = None

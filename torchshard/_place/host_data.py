@@ -86,14 +86,19 @@ def has_names(x: torch.Tensor) -> bool:
 
 def is_host_tensor(x: Any) -> bool:
     """Whether ``x`` is used as it is: a plain (not a subclass), dense CPU tensor of a
-    supported dtype that needs no grad and has no names."""
+    supported dtype that needs no grad and has no names, not nested, not a lazy conjugate or
+    negative view, and with its storage (not freed, as FSDP frees a parameter's)."""
     return (
         type(x) is torch.Tensor
         and x.is_cpu
         and not x.requires_grad
         and x.dtype in _SUPPORTED
         and x.layout is _STRIDED
+        and not x.is_nested
+        and not x.is_conj()
+        and not x.is_neg()
         and not (_HAS_NAMES is not None and _HAS_NAMES(x))
+        and (x.untyped_storage().nbytes() > 0 or x.numel() == 0)
     )
 
 
@@ -127,6 +132,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
                     f"{x.layout}; global tensors are dense: pass x.to_dense().",
                 )
             )
+        _check_tensor_kind(x, where)
         if has_names(x):
             raise TypeError(
                 at(
@@ -163,6 +169,58 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
             f" ({x!r:.60}). Wrap Python numbers with np.asarray(...) or torch.tensor(...).",
         )
     )
+
+
+def _check_tensor_kind(x: torch.Tensor, where: str) -> None:
+    """Raises ``TypeError`` naming ``where`` for a CPU tensor whose memory is not its values:
+    a fake or nested tensor, a lazy conjugate or negative view, freed storage."""
+    from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself
+
+    if isinstance(x, FakeTensor):  # reports device cpu but has no memory (reading it: SIGSEGV)
+        raise TypeError(
+            at(
+                where,
+                "expected a tensor with data, but got a FakeTensor (made under FakeTensorMode), "
+                "which has a shape and a dtype but no values. Place real tensors outside "
+                "FakeTensorMode; for shapes only, use host_to_global_specs.",
+            )
+        )
+    if x.is_nested:
+        raise TypeError(
+            at(
+                where,
+                "expected a dense tensor, but got a nested tensor, whose parts differ in shape. "
+                "Pad it to one shape (x.to_padded_tensor(0)) or pass its parts as leaves of "
+                "their own (x.unbind()).",
+            )
+        )
+    if x.is_conj():
+        raise TypeError(
+            at(
+                where,
+                "expected a tensor whose memory holds its values, but got a lazy conjugate view "
+                "(x.conj() of a complex tensor: the memory holds the unconjugated values). "
+                "Pass x.resolve_conj().",
+            )
+        )
+    if x.is_neg():
+        raise TypeError(
+            at(
+                where,
+                "expected a tensor whose memory holds its values, but got a lazy negative view "
+                "(the memory holds the values negated). Pass x.resolve_neg().",
+            )
+        )
+    if x.numel() and x.untyped_storage().nbytes() == 0:
+        raise TypeError(
+            at(
+                where,
+                f"expected a tensor with data, but got one of shape {tuple(x.shape)} whose "
+                "storage was freed (resized to 0 bytes, as FSDP does to a sharded parameter). "
+                "Pass the tensor while its storage holds the values (e.g. after "
+                "unshard/summon_full_params), or a copy of it.",
+            )
+        )
 
 
 def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:

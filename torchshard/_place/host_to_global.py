@@ -24,6 +24,7 @@ from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import emulated
 from torchshard._core.tree import flatten, paths, unflatten
 from torchshard._place.call import HostCall
+from torchshard._place.guard import check_caller
 from torchshard._place.host_data import check_supported_dtype, shape_dtype
 from torchshard._place.place import to_global
 from torchshard._place.validate import (
@@ -91,6 +92,7 @@ def host_to_global_array(
     """
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
+    check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:
         mesh = require_mesh("host_to_global_array")  # raises NoMeshError

@@ -120,7 +120,7 @@ def _runtime(leaves: Sequence[Any]) -> tuple[Backend, Topology]:
 def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
     """For each host in ``hosts`` (``None``: this process), its block of every leaf."""
     argname = "global_arrays"
-    leaves, treespec = flatten(global_arrays)
+    leaves, treespec = flatten(global_arrays, name=argname)
     if not leaves:  # nothing to read: no mesh or backend needed
         return [unflatten(treespec, []) for _ in ([None] if hosts is None else hosts)]
     backend, topology = _runtime(leaves)

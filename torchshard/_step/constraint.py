@@ -110,7 +110,7 @@ def with_sharding_constraint(x: Any, /, spec: Any) -> Any:
     if mesh is None:
         return x
     backend = lookup(mesh)
-    leaves, treespec = flatten(x)
+    leaves, treespec = flatten(x, name="x")
     specs = _specs_per_leaf(spec, x, len(leaves))
     where = LazyPaths(treespec, "x")
     plan: list[DimAxes | None] = []
@@ -192,7 +192,7 @@ def maybe_shard(x: Any, /, spec: PartitionSpec | Sequence[Any] | None) -> Any:
     if mesh is None:
         return x
     backend = lookup(mesh)
-    leaves, treespec = flatten(x)
+    leaves, treespec = flatten(x, name="x")
     out = []
     for leaf in leaves:
         out.append(_maybe_annotate(backend, mesh, spec, leaf))

@@ -31,6 +31,13 @@ DEFAULT_BENCH = "h2g"
 # ``layout`` describes at most this many devices: 65,536 take about 10 s and print as many
 # table rows; a 2048 x 2048 mesh (4 M devices) would take minutes and gigabytes.
 MAX_LAYOUT_DEVICES = 65_536
+# ``layout --png`` draws one patch and one label per device: a 256 x 256 mesh passed 3 GB of
+# RSS in matplotlib; past this many devices the picture is unreadable anyway.
+MAX_PNG_DEVICES = 1_024
+# ``--threads`` at most this many torch threads per core: 100,000 ran away (load ~800 on 2
+# cores) and 2**40 was a traceback from torch.
+THREADS_PER_CORE = 4
+MAX_THREADS = THREADS_PER_CORE * (os.cpu_count() or 1)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,8 +54,8 @@ class UsageError(Exception):
 # -- argument types -------------------------------------------------------------------------
 
 
-def _count(option: str, minimum: int = 1) -> Any:
-    """An int option that must be at least ``minimum``."""
+def _count(option: str, minimum: int = 1, maximum: int | None = None, why: str = "") -> Any:
+    """An int option that must be at least ``minimum`` (and at most ``maximum``: ``why``)."""
 
     def parse(text: str) -> int:
         try:
@@ -60,6 +67,10 @@ def _count(option: str, minimum: int = 1) -> Any:
                 minimum, f"an int >= {minimum}"
             )
             raise argparse.ArgumentTypeError(f"expected {what}, but got {text!r}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected at most {maximum:,} ({why}), but got {text!r}"
+            )
         return value
 
     parse.__name__ = option  # argparse names the option's type in its messages
@@ -291,6 +302,18 @@ def _layout(args: argparse.Namespace) -> int:
 
         require_matplotlib("layout --png")
         check_output_path(args.png, overwrite=args.overwrite)
+        if not args.png.lower().endswith(".png"):
+            raise UsageError(
+                f"--png {args.png}: expected a file name ending in .png (the picture is a PNG), "
+                f"e.g. {os.path.splitext(args.png)[0]}.png"
+            )
+        if devices > MAX_PNG_DEVICES:
+            shape = " x ".join(str(n) for n in args.mesh)
+            raise UsageError(
+                f"--png: a {shape} mesh has {devices:,} devices; the picture draws at most "
+                f"{MAX_PNG_DEVICES:,} (one box each), so leave out --png for the text layout or "
+                "draw a smaller mesh with the same axes"
+            )
     import numpy as np
 
     import torchshard as ts
@@ -391,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plain", action="store_true", help="plain text output, no rich")
     bench.add_argument(
         "--threads",
-        type=_count("threads"),
+        type=_count("threads", maximum=MAX_THREADS, why=f"{THREADS_PER_CORE} per core"),
         metavar="N",
         help="torch intra-op threads (default: torch's); 1 avoids OpenMP stalls on a shared host",
     )

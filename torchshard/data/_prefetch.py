@@ -225,9 +225,11 @@ class Prefetcher(Generic[T]):
         """Whether the background thread is still running this stream."""
         return not self._finished.is_set()
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """Stops the stream, drops queued items and, if it had not ended, joins the thread
-        (idempotent)."""
+        (idempotent). ``wait=False`` (an abandoned iterator's finalizer, which may run at
+        interpreter exit after Ctrl-C) does not wait for a thread blocked inside the source:
+        it exits when the source returns, and a daemon thread does not hold up the exit."""
         self._done = True
         with self._lock:
             if not self._ended:
@@ -235,6 +237,9 @@ class Prefetcher(Generic[T]):
             join = self._retire
         self._stop.set()
         self._drain()
+        if not wait:
+            self._drain()
+            return
         if self._thread is not threading.current_thread():
             if join:
                 self._thread.join(timeout=JOIN_SECONDS)

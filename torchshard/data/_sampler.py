@@ -9,9 +9,11 @@ next unconsumed example of the same order (``GlobalBatchLoader.load_state_dict``
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -31,6 +33,13 @@ STATE_KEYS = (
 )
 
 
+def _index(value: Any) -> int | None:
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
     arg = "dispatcher_or_feed_config"
     config = dispatcher_or_feed_config
@@ -47,10 +56,15 @@ def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
         )
     if set(config) != set(_KEYS):
         raise ValueError(at(arg, f"expected the keys {list(_KEYS)}, but got {sorted(config)}."))
-    num, index = config["num_shards"], config["shard_index"]
-    for key, value in (("num_shards", num), ("shard_index", index)):
-        if isinstance(value, bool) or not isinstance(value, int):
+    ints = []
+    for key in _KEYS:
+        value = config[key]
+        # any integer (np.int64 from a config read with numpy too), but not a bool or a float
+        n = None if isinstance(value, (bool, np.bool_)) else _index(value)
+        if n is None:
             raise TypeError(f"{arg}['{key}']: expected an int, but got {value!r}.")
+        ints.append(n)
+    num, index = ints[_KEYS.index("num_shards")], ints[_KEYS.index("shard_index")]
     if num < 1 or not 0 <= index < num:
         raise ValueError(
             at(
@@ -232,6 +246,11 @@ def host_sampler(
         drop_last: drop the tail so that every shard has the same size (else every example
             once, shards differing by at most one).
 
+    Raises:
+        ValueError: with ``drop_last=True``, a dataset smaller than ``num_shards`` (every
+            host's epoch would be empty). ``TypeError``: a config value that is no integer
+            (numpy integers are accepted; bools and floats are not).
+
     Example:
         >>> feed = {"num_shards": 2, "shard_index": 1}
         >>> sampler = torchshard.host_sampler(range(10), feed, shuffle=False)
@@ -244,5 +263,12 @@ def host_sampler(
     if not isinstance(dataset, Sized):
         raise TypeError(
             f"dataset: expected a map-style dataset with len(), but got {type(dataset).__name__}."
+        )
+    if drop_last and len(dataset) < num:
+        raise ValueError(
+            f"dataset: {len(dataset)} example(s) over {num} shards with drop_last=True gives "
+            "every host an empty epoch. Use a dataset of at least num_shards examples, or "
+            "drop_last=False (every example once; with last_batch='pad' the short hosts are "
+            "padded and masked)."
         )
     return HostSampler(dataset, num, index, shuffle=shuffle, seed=seed, drop_last=drop_last)

@@ -456,3 +456,33 @@ def test_loader_batches_of_different_shapes_raise_the_leaf_path_on_every_rank(po
         )
         assert r["got"] == []
         assert r["after"] == [(2, 2)] * 3
+
+
+def test_ranks_whose_meshes_name_the_axes_in_another_order_disagree(pools):
+    """Before: the agreement check ignored the mesh, and the ranks got DTensors with
+    different placements (the read-back then failed)."""
+    expected = (
+        "ProcessDisagreementError: host_arrays: every process must place on the same mesh "
+        "(axis names in the same order, the same sizes and devices); expected mesh "
+        "{'data': 2, 'model': 2} of devices [[0, 1], [2, 3]] (as on process 0), got mesh "
+        "{'model': 2, 'data': 2} of devices [[0, 1], [2, 3]] on process(es) [1]. Build the "
+        "mesh alike on every process (e.g. init_device_mesh(..., mesh_dim_names=...) with the "
+        "same names in the same order)."
+    )
+    for r in pools(4).run("mesh_axes_disagree"):
+        assert r == {"error": expected, "after": ["S(0)", "R"]}
+
+
+def test_the_process_group_can_be_initialised_again_after_torchshard_ran():
+    """destroy_process_group + init_process_group (same address and port) after torchshard's
+    calls: the second initialisation timed out in gloo's connect (torchshard's session held
+    rank 0's store server). A pool of its own: its default group is replaced."""
+    from _multiproc import WorkerPool
+
+    pool = WorkerPool(2, collective_timeout=20.0, timeout=120.0)
+    try:
+        results = pool.run("reinit_process_group")
+    finally:
+        pool.close()
+    for r in results:
+        assert r == {"before": [0.0, 0.0, 1.0, 1.0], "after": [10.0, 10.0, 11.0, 11.0]}

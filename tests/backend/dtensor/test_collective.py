@@ -84,3 +84,18 @@ def test_a_mesh_entered_on_one_rank_fails_within_the_timeout():
 
 def test_collective_error_is_public_and_a_runtime_error():
     assert issubclass(ts.errors.CollectiveError, RuntimeError)
+
+
+def test_threads_named_differently_on_two_ranks_are_named_in_the_timeout():
+    with _pool() as pool:
+        r0, r1 = pool.run(CASES + "thread_names_differ")
+    for rank, r in enumerate((r0, r1)):
+        other = 1 - rank
+        assert r["error"].startswith(
+            f"CollectiveError: host_arrays: torchshard's collective (call #1 of thread "
+            f"'worker-of-rank-{rank}' on rank {rank}) timed out after {TIMEOUT:g} s; ranks that "
+            f"did not answer: rank {other} (no torchshard call yet on a thread named "
+            f"'worker-of-rank-{rank}': calls are matched by the calling thread's name, so the "
+            "threads making the same calls must have the same name on every process)."
+        ), r
+        assert r["seconds"] < TIMEOUT + SLACK

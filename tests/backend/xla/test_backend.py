@@ -6,6 +6,8 @@ same placement, bit for bit, as torch_xla's own ``mark_sharding`` either way.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,48 @@ def test_the_loader_transfers_in_the_background_only_on_its_thread(mesh42, route
         sources = [[{"id": np.arange(4) + 4 * h}] for h in range(2)]
         (batch,) = global_batch_loader_per_host(sources, prefetch=prefetch)
         assert ts.replicate_to_local_data(batch["id"]).tolist() == list(range(8))
+
+
+# -- leaves of rank 6 or more: torch_xla builds a corrupt tile assignment for them --
+
+
+@pytest.mark.parametrize("rank", [6, 7, 8])
+@pytest.mark.parametrize("shape", [(8,), (4, 2)], ids=["mesh8", "mesh42"])
+def test_a_sharded_leaf_of_rank_6_or_more_is_refused(shape, rank):
+    """Placed with every tile on device 0 before (and read back: a segfault), now refused
+    before torch_xla is reached; replicated, the same leaf is placed and read back exactly."""
+    mesh = ts.Mesh(np.arange(8).reshape(shape), ("data", "model")[: len(shape)])
+    x = np.arange(8 * 2 ** (rank - 1), dtype=np.float32).reshape((8,) + (2,) * (rank - 1))
+    with mesh:
+        with pytest.raises(
+            ts.errors.ShardingError,
+            match=re.escape(
+                f"host_arrays['x']: torch_xla shards arrays of rank up to 5, but this one has "
+                f"rank {rank} and is split over mesh axes ['data'] (torch_xla 2.9 would place "
+                "every tile on device 0, and reading it back crashes the process). Reshape it "
+                "to rank 5 or less on the host (e.g. merge trailing dimensions with "
+                "x.reshape(x.shape[0], -1)), or replicate it (P())."
+            ),
+        ):
+            ts.host_to_global_array({"x": x}, partition=ts.P("data"))
+        g = ts.host_to_global_array({"x": x}, partition=ts.P())
+        np.testing.assert_array_equal(ts.global_to_host_array(g)["x"].numpy(), x)
+        x5 = x.reshape(8, 2, 2, 2, -1)  # the fix the message names
+        g = ts.host_to_global_array(x5, partition=ts.P("data"))
+        np.testing.assert_array_equal(ts.global_to_host_array(g).numpy(), x5)
+
+
+def test_torch_xla_still_corrupts_a_rank_6_tile_assignment():
+    """The upstream behaviour the refusal above works around (torch_xla 2.9.0,
+    xla_sharding_util.cpp: "tile_assignment ranks > 5"): the sharding built for a rank-6
+    leaf split over 8 devices names device 0 for every tile. When this fails, torch_xla
+    builds it correctly and ``backend_xla.MAX_SHARDED_RANK`` can go. (Nothing is read back:
+    that is the segfault.)"""
+    mesh = ts.Mesh(np.arange(8), ("data",))
+    shape = (8, 1, 1, 1, 1, 1)
+    spec = backend_xla._sharding_spec(mesh, (("data",),) + ((),) * 5, shape, torch.float32)
+    (t,) = backend_xla._tensors_from_aten([torch.zeros(shape)], [spec])
+    assert backend_xla._sharding_spec_text(t) == "{devices=[8,1,1,1,1,1]0,0,0,0,0,0,0,0}"
+    spec5 = backend_xla._sharding_spec(mesh, (("data",),) + ((),) * 4, shape[:5], torch.float32)
+    (t5,) = backend_xla._tensors_from_aten([torch.zeros(shape[:5])], [spec5])
+    assert backend_xla._sharding_spec_text(t5) == "{devices=[8,1,1,1,1]0,1,2,3,4,5,6,7}"

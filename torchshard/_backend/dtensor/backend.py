@@ -44,7 +44,12 @@ from torchshard._backend.dtensor.mesh import (
 )
 from torchshard._backend.protocols import AgreementCall, Backend, LocalShard, MakeGlobal
 from torchshard._backend.registry import register
-from torchshard._core.agreement import agreement_check_enabled, disagreement, value_check_enabled
+from torchshard._core.agreement import (
+    agreement_check_enabled,
+    disagreement,
+    value_check_enabled,
+    with_mesh,
+)
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes
@@ -386,7 +391,9 @@ class DTensorChecks:
     def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
         if not self.compares(mesh):
             return _nothing
-        end = collective.begin(what, call.describe())
+        # The mesh is part of what the processes compare: meshes built with the axes in
+        # another order (or over other ranks) place the same spec differently.
+        end = collective.begin(what, with_mesh(call.describe(), mesh))
 
         def agree_end() -> None:
             every = in_step(what, end())
@@ -404,7 +411,7 @@ class DTensorChecks:
     ) -> list[list[str]] | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
-        return exchange_in_step(what, items)
+        return exchange_in_step(what, with_mesh(items, mesh))
 
 
 _DTENSOR = DTensorRuntime()

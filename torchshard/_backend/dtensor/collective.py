@@ -34,6 +34,7 @@ import contextlib
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -64,16 +65,27 @@ def is_comm_error(error: BaseException) -> bool:
 class _Session:
     """torchshard's collective state on one default process group."""
 
+    @property
+    def group(self) -> Any:
+        """The default group this session is of (``None`` once it is destroyed)."""
+        return self._group()
+
     def __init__(self, world: Any) -> None:
-        self.group = world
-        self.default_store = default_store()
+        # Weakly: a group held past destroy_process_group keeps its store, and on rank 0 the
+        # store owns the TCPStore server on MASTER_PORT, so the next init_process_group timed
+        # out in gloo's connect (plain torch re-initialises fine).
+        self._group = weakref.ref(world)
+        # The default group's store itself is not kept: on rank 0 it owns the TCPStore server,
+        # and holding it past destroy_process_group kept the old server on MASTER_PORT, so the
+        # next init_process_group timed out in gloo's connect. Threads clone it when first used.
+        store = default_store()
         self.local = threading.local()
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.timeout = self.default_store.timeout.total_seconds()
+        self.timeout = store.timeout.total_seconds()
         # Keys of an earlier default group on the same store (torchrun's agent store outlives
         # init_process_group) must not be read as this one's: every process counts itself in.
-        generation = (self.default_store.add(PREFIX + "generation", 1) - 1) // self.world
+        generation = (store.add(PREFIX + "generation", 1) - 1) // self.world
         self.prefix = f"{PREFIX}{generation}/"
         self.seq: dict[str, int] = {}  # per stream (calling thread's name): calls entered
         self.exchanges: dict[str, int] = {}  # per stream: exchanges begun (the slot ring's)
@@ -87,7 +99,7 @@ class _Session:
         waiting ``get`` holds it: a loader thread and the main thread must not share one)."""
         store = getattr(self.local, "store", None)
         if store is None:
-            store = self.local.store = self.default_store.clone()
+            store = self.local.store = default_store().clone()
         return store
 
     def enter(self, what: str) -> tuple[str, int]:
@@ -170,8 +182,9 @@ class _Session:
         the ranks that are not in the call, or that did not report within ``GRACE``."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         timed_out = "timeout" in cause.lower() or "timed out" in cause.lower()
-        head = f"{what}: torchshard's collective (call #{n} on rank {self.rank}) " + (
-            f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})"
+        head = (
+            f"{what}: torchshard's collective (call #{n} of thread {stream!r} on rank {self.rank}) "
+            + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
         )
         try:
             fail = f"{self.prefix}fail/{stream}/{n}/"
@@ -182,7 +195,11 @@ class _Session:
                     continue
                 at = self.where_is(stream, q)
                 if at is None:
-                    absent.append(f"rank {q} (no torchshard call yet)")
+                    absent.append(
+                        f"rank {q} (no torchshard call yet on a thread named {stream!r}: calls "
+                        "are matched by the calling thread's name, so the threads making the "
+                        "same calls must have the same name on every process)"
+                    )
                 elif at != (n, what):
                     elsewhere.append(f"rank {q} (its last torchshard call: #{at[0]} {at[1]})")
             if not timed_out:  # a lost peer: those in the call that do not report are gone

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -116,8 +117,8 @@ class _Groups:
 
     def _current(self) -> None:
         world = dist.group.WORLD
-        if self.world is not world:
-            self.world, self.meshes = world, {}
+        if self.world is None or self.world() is not world:  # held weakly (see _Session)
+            self.world, self.meshes = (None if world is None else weakref.ref(world)), {}
 
     def device_mesh(self, mesh: Mesh) -> DeviceMesh:
         with self.lock:
@@ -133,7 +134,7 @@ class _Groups:
 
 _GROUPS = _Groups()
 
-_LAST: list[Any] = [None]  # (mesh, default group, DeviceMesh) of the last lookup
+_LAST: list[Any] = [None]  # (mesh, default group's weakref, DeviceMesh) of the last lookup
 
 
 def device_mesh(mesh: Mesh) -> DeviceMesh:
@@ -141,7 +142,7 @@ def device_mesh(mesh: Mesh) -> DeviceMesh:
     over its device ids. Building one is collective: every rank must enter the mesh."""
     world = dist.GroupMember.WORLD
     last = _LAST[0]
-    if last is not None and last[0] is mesh and last[1] is world:  # once per leaf: keep it cheap
+    if last is not None and last[0] is mesh and last[1]() is world:  # once per leaf: cheap
         return last[2]
     require_process_group()
     _check_covers_world(mesh, dist.get_world_size())
@@ -149,7 +150,7 @@ def device_mesh(mesh: Mesh) -> DeviceMesh:
     native = mesh.native
     dm = native if isinstance(native, DeviceMesh) else _GROUPS.device_mesh(mesh)
     mesh_device(dm)  # the device index, read at mesh entry
-    _LAST[0] = (mesh, world, dm)
+    _LAST[0] = (mesh, weakref.ref(world), dm)  # the group weakly (see collective._Session)
     return dm
 
 
@@ -214,6 +215,8 @@ def _topology_aware_mesh(
 
 class DTensorMeshes:
     """DTensor's meshes: ``DeviceMesh`` objects, built on the program's thread."""
+
+    process_wide = False  # DTensors carry their DeviceMesh: no current mesh to set
 
     def from_native(self, native: Any) -> Mesh:
         return mesh_from_device_mesh(native)

@@ -4,8 +4,9 @@ shards, local shards back, in-step annotations and dispatch.
 torch_xla itself is reached through ``runtime.py`` (imported on first use), its meshes through
 ``mesh.py``. Each call into torch_xla's private ``_XLAC`` API sits in one small function, with
 the version it was checked on (torch_xla 2.9.0); the benchmarks call those functions too.
-torch_xla has no shardings it cannot express, no cheap collective outside a step and no
-per-thread device, so the record has no ``limits``, ``processes`` or ``threads``.
+torch_xla has no cheap collective outside a step and no per-thread device, so the record has
+no ``processes`` or ``threads``; its ``limits`` refuse a sharded leaf of rank above
+``MAX_SHARDED_RANK``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes, NamedSharding
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.topology import Topology
+
+# torch_xla 2.9's ShardingUtil (xla_sharding_util.cpp:124, "tile_assignment ranks > 5") logs
+# an error for a tile assignment of rank 6 or more and builds one with every tile on device 0;
+# placing such a leaf succeeded with that corrupt layout and reading it back segfaulted.
+# mark_sharding refuses the same tensor. Replicated leaves have no tile assignment and work
+# at any rank. tests/backend/xla/test_backend.py pins the runtime's behaviour.
+MAX_SHARDED_RANK = 5
 
 # A background transfer of fewer bytes (this process's shards of one leaf) keeps the direct
 # call: it holds the GIL for < ~0.2 ms, no longer than Python's own time slices, and the
@@ -346,9 +354,47 @@ class XlaRuntime:
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         # XLA partitions this gather over a row-split operand itself (a masked local gather
         # and an all-reduce of the output; docs/design.md). Plain tensors take the same path.
-        return x.index_select(0, index.to(x.device))
+        # The all-reduce adds the owner's row to zeros: in floating point that turns -0.0
+        # into 0.0 and rewrites NaN payloads, so floats (and complex parts) are gathered as
+        # integers of their width, which add exactly. A tensor that needs grad keeps the
+        # float route (an integer view has no gradient): its -0.0 and NaN bits may change.
+        index = index.to(x.device)
+        ints = _SAME_WIDTH_INT.get(x.dtype)
+        if ints is None or (x.requires_grad and torch.is_grad_enabled()):
+            return x.index_select(0, index)
+        if x.is_complex():
+            parts = torch.view_as_real(x)
+            taken = parts.view(ints).index_select(0, index).view(parts.dtype)
+            return torch.view_as_complex(taken.contiguous())
+        return x.view(ints).index_select(0, index).view(x.dtype)
+
+
+# The integer dtype of each floating dtype's width (complex: of its parts'), for take_rows.
+_SAME_WIDTH_INT = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.complex64: torch.int32,
+    torch.complex128: torch.int64,
+}
+
+
+class XlaLimits:
+    """What torch_xla cannot express (``LayoutLimits``): a sharded leaf of rank above 5."""
+
+    def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
+        if len(axes) > MAX_SHARDED_RANK and any(axes):
+            raise ShardingError(
+                f"torch_xla shards arrays of rank up to {MAX_SHARDED_RANK}, but this one has "
+                f"rank {len(axes)} and is split over mesh axes "
+                f"{[a for dim in axes for a in dim]} (torch_xla 2.9 would place every tile on "
+                "device 0, and reading it back crashes the process). Reshape it to rank "
+                f"{MAX_SHARDED_RANK} or less on the host (e.g. merge trailing dimensions with "
+                "x.reshape(x.shape[0], -1)), or replicate it (P())."
+            )
 
 
 _XLA = XlaRuntime()
-BACKEND = Backend("xla", place=_XLA, read=_XLA, step=_XLA, meshes=XlaMeshes())
+BACKEND = Backend("xla", place=_XLA, read=_XLA, step=_XLA, meshes=XlaMeshes(), limits=XlaLimits())
 register(BACKEND)

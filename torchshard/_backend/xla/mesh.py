@@ -36,6 +36,8 @@ def mesh_from_xla(xla_mesh: Any) -> Mesh:
 class XlaMeshes:
     """torch_xla's meshes: ``xs.Mesh`` objects and the process's global mesh."""
 
+    process_wide = True  # xs.set_global_mesh: one mesh for every thread
+
     def from_native(self, native: Any) -> Mesh:
         return mesh_from_xla(native)
 
