@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._backend.registry import lookup
+from torchshard._backend.registry import default_name, lookup
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 
@@ -113,7 +113,7 @@ def create_device_mesh(
     axis_names: Sequence[str],
     *,
     devices: Sequence[int] | np.ndarray | None = None,
-    backend: str = "xla",
+    backend: str | None = None,
 ) -> Mesh:
     """A ``Mesh`` of ``mesh_shape`` over ``devices`` (default: every device of the run).
 
@@ -127,9 +127,12 @@ def create_device_mesh(
     ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; both work on the CPU,
     including under ``torchshard.testing.virtual_hosts``.
 
-    With ``backend="dtensor"`` the devices are the ranks of torch.distributed's default
-    process group (one device per process) and the mesh carries a ``DeviceMesh`` built with
-    ``init_device_mesh`` (every rank must call this, as for any DeviceMesh).
+    ``backend``: ``"xla"`` (torch_xla SPMD) or ``"dtensor"``; by default the process's
+    (``torchshard.Mesh``'s default): torch_xla when it is imported, else DTensor once
+    torch.distributed's default process group exists, else torch_xla when it is installed,
+    else DTensor. With DTensor the devices are the ranks of the default process group (one
+    device per process) and the mesh carries a ``DeviceMesh`` built with ``init_device_mesh``
+    (every rank must call this, as for any DeviceMesh).
 
     Example:
         >>> mesh = torchshard.create_device_mesh((-1, 2), ("data", "model"))
@@ -141,7 +144,8 @@ def create_device_mesh(
                [4, 5],
                [6, 7]])
 
-    Example (on each of 4 processes, after ``torch.distributed.init_process_group("gloo")``)::
+    Example (on each of 4 processes, after ``torch.distributed.init_process_group("gloo")``;
+    without torch_xla ``backend="dtensor"`` is the default)::
 
         mesh = torchshard.create_device_mesh((2, 2), ("data", "model"), backend="dtensor")
         mesh.devices.tolist()  # [[0, 1], [2, 3]]: the ranks
@@ -149,6 +153,8 @@ def create_device_mesh(
     """
     if not isinstance(mesh_shape, HybridMeshShape):
         mesh_shape = _checked_shape(mesh_shape, "create_device_mesh: mesh_shape")
+    if backend is None:
+        backend = default_name()
     runtime = lookup(backend)
     # The named backend's devices (or their emulation), whatever the default backend is.
     topology = current_topology(backend=backend)
