@@ -222,13 +222,34 @@ class ProcessChecks(Protocol):
         ...
 
     def exchange(
-        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
     ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
         ``compares`` is False): the collective behind ``agree_begin``, for callers that
         describe more than a call (a loader's batch outcome). ``what`` names the call: it is
         compared too (processes in different calls are out of step), and a process that does
-        not answer within the default group's timeout makes a ``CollectiveError`` naming it."""
+        not answer within the default group's timeout makes a ``CollectiveError`` naming it.
+        ``stream``: a sequence from ``open_stream`` (then any one thread at a time may run its
+        exchanges, a loader's background thread included); default: the calling thread's."""
+        ...
+
+    def open_stream(self, mesh: Mesh, *, what: str) -> str | None:
+        """A new sequence of exchanges for a loader's epoch, named alike on every process
+        (``None`` unless ``compares``). Called in program order on the thread that runs the
+        program (a loader's ``iter()``): one exchange there, which names the sequence, so that
+        processes that are in different calls all raise ``ProcessDisagreementError`` at once."""
+        ...
+
+    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
+        """Ends ``stream`` once no thread runs its exchanges any more. ``finished``: its last
+        exchange ended it on every process (the end of the source); its keys are deleted. Else
+        (an epoch ended early, ``taken`` batches taken) the processes still waiting in, or yet
+        to reach, its next exchange raise ``CollectiveError`` naming this process at once."""
         ...
 
     def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:

@@ -1,10 +1,11 @@
 """One epoch of a ``GlobalBatchLoader`` (``Epoch``): the consumer's side of the prefetch.
 
 ``next()`` takes the next batch the ``Producer`` made (from the ``Prefetcher``'s thread, or
-made in place with ``prefetch=0``), runs the backend's agreement step on that batch's outcome
-(a collective on every process, in program order: never on the loader's thread, whose progress
-differs from process to process), counts it and moves the epoch's ``Cursor``. The epoch knows
-the loader only through what it was given (producer, counters, cursor).
+made in place with ``prefetch=0``), already agreed on by the processes when they compare (the
+producer exchanges each batch's outcome on the epoch's ``Stream``, off the step's path), counts
+it and moves the epoch's ``Cursor``. Closing the epoch ends its stream once the thread has
+stopped. The epoch knows the loader only through what it was given (producer, counters,
+cursor).
 """
 
 from __future__ import annotations
@@ -12,17 +13,28 @@ from __future__ import annotations
 import contextlib
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torchshard._backend.protocols import Backend
-from torchshard._core.agreement import outcome_disagreement, value_check_enabled
+from torchshard._core.agreement import value_check_enabled
 from torchshard._core.context import thread_mesh
 from torchshard._core.mesh import Mesh
 from torchshard.data._position import Cursor
 from torchshard.data._prefetch import Prefetcher
-from torchshard.data._producer import OUTCOME, Ended, Made, Producer
+from torchshard.data._producer import LOCATED, Ended, Made, Producer, Stream
 from torchshard.data._stats import Counters
+
+
+def _close(prefetcher: Prefetcher[Any] | None, stream: Stream | None) -> None:
+    """Stops the thread, then ends the stream, unless the thread is still running (blocked in
+    the source: its exchanges may still come)."""
+    if prefetcher is not None:
+        prefetcher.close()
+        if prefetcher.alive:
+            return
+    if stream is not None:
+        stream.close()
 
 
 @contextlib.contextmanager
@@ -53,10 +65,12 @@ class Epoch(Iterator[Any]):
         self._counters = counters
         self._cursor = cursor
         self._next = producer.first
+        self._stream = producer.stream
         self._producer: Producer | None = producer
         self._prefetcher: Prefetcher[Any] | None = None
         self._closed = False
         self._ended_by: str | None = None  # what ended it mid-epoch (``end``), for next()
+        self._handed: float | None = None  # when the last batch was handed over (perf_counter)
         if prefetch:
             mesh, first = producer.mesh, producer.first
             producer.background = True
@@ -69,7 +83,7 @@ class Epoch(Iterator[Any]):
                 where=lambda i: f"batch {first + i}",
             )
             self._producer = None  # the thread owns it now
-            weakref.finalize(self, self._prefetcher.close)
+        weakref.finalize(self, _close, self._prefetcher, self._stream)
 
     def __iter__(self) -> Epoch:
         return self
@@ -92,21 +106,15 @@ class Epoch(Iterator[Any]):
             else:
                 made = self._produce_here()
         except StopIteration as end:
-            ended = end.value if isinstance(end.value, Ended) else Ended(None, None)
+            ended = end.value if isinstance(end.value, Ended) else Ended(None)
             self.close()
-            self._agree(ended.outcome, None, None)
             self._cursor.end(ended.snapshot)
             raise StopIteration from None
-        except Exception as e:
-            self.close()
-            self._agree(getattr(e, OUTCOME, None), None, e)
-            raise
         except BaseException:
             self.close()
             raise
         try:
-            self._agree(made.outcome, made.where, None)
-            if made.outcome is not None and value_check_enabled():
+            if made.compared and value_check_enabled():
                 what = f"GlobalBatchLoader: batch {self._next}"
                 checks = self._backend.processes
                 if checks is not None:
@@ -116,37 +124,19 @@ class Epoch(Iterator[Any]):
             raise
         if made.ready is not None:  # this thread's stream waits for this batch's copies
             made.ready()
-        self._counters.add(batches=1, wait_seconds=time.perf_counter() - t0)
+        now = time.perf_counter()
+        if self._handed is None:  # the epoch's first batch: the warm-up
+            self._counters.add(
+                batches=1, wait_seconds=now - t0, warmup_batches=1, warmup_wait_seconds=now - t0
+            )
+        else:  # a step: from the previous hand-over to this one
+            self._counters.add(batches=1, wait_seconds=now - t0, step_seconds=now - self._handed)
+        self._handed = now
         self._cursor.advance(made.snapshot)
         self._next += 1
+        if self._stream is not None:
+            self._stream.taken += 1
         return made.batch
-
-    def _agree(
-        self,
-        outcome: list[str] | None,
-        where: Callable[[int], str] | None,
-        error: BaseException | None,
-    ) -> None:
-        """The agreement step on batch ``self._next``'s outcome (a collective on every process,
-        in program order): raises ``ProcessDisagreementError`` on every process whose outcome is
-        a batch or the end when the outcomes differ; a process whose outcome is ``error`` gets
-        a note on it instead (its caller re-raises it)."""
-        if outcome is None:
-            return
-        what = f"GlobalBatchLoader: batch {self._next}"
-        checks = self._backend.processes
-        every = None if checks is None else checks.exchange(self._mesh, outcome, what=what)
-        if every is None:
-            return
-        problem = outcome_disagreement(
-            what,
-            every,
-            where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}"),
-        )
-        if error is not None:
-            error.add_note(f"(the other processes' outcomes differ: {problem})")
-            return
-        raise problem
 
     def _produce_here(self) -> Made:
         producer = self._producer
@@ -158,7 +148,8 @@ class Epoch(Iterator[Any]):
             except StopIteration:
                 raise
             except Exception as e:
-                e.add_note(f"(raised by GlobalBatchLoader at batch {self._next})")
+                if not getattr(e, LOCATED, False):
+                    e.add_note(f"(raised by GlobalBatchLoader at batch {self._next})")
                 raise
 
     def end(self, by: str) -> None:
@@ -170,8 +161,8 @@ class Epoch(Iterator[Any]):
         self.close()
 
     def close(self) -> None:
-        """Stops the background thread and frees queued batches (idempotent)."""
+        """Stops the background thread, frees queued batches and ends the epoch's stream of
+        exchanges (idempotent)."""
         self._closed = True
-        if self._prefetcher is not None:
-            self._prefetcher.close()
+        _close(self._prefetcher, self._stream)
         self._producer = None

@@ -9,10 +9,11 @@ Data flow of one epoch (``iter(loader)``), see ``docs/design.md``:
 2. On the background thread (``_prefetch.Prefetcher``, mesh made current there with
    ``thread_mesh``), per batch: the ``Producer`` (``_producer.py``) takes a free slot, pulls a
    host batch, checks it, applies the dispatcher and calls the engine.
+   When the backend compares the processes, the producer exchanges the batch's outcome on the
+   epoch's stream of exchanges (opened here, in program order) before handing it over.
 3. The consumer's ``next()`` (``Epoch``, ``_epoch.py``) takes the global batch and its snapshot,
-   frees the slot, runs the agreement step on the batch's outcome when the backend compares the
-   processes, and moves its cursor (batches consumed, the source's state after that batch), so
-   ``state_dict()`` describes what the consumer has taken, not what was prefetched.
+   frees the slot and moves its cursor (batches consumed, the source's state after that batch),
+   so ``state_dict()`` describes what the consumer has taken, not what was prefetched.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._epoch import Epoch
 from torchshard.data._position import Cursor
-from torchshard.data._producer import Producer, stateful
+from torchshard.data._producer import Producer, Stream, stateful
 from torchshard.data._stats import Counters, LoaderStats
 
 
@@ -172,8 +173,14 @@ class GlobalBatchLoader(Iterable[Any]):
         checks = backend.processes
         if checks is not None:  # its set-up collectives run here, never on the loader's thread
             checks.prepare(mesh)
-        its = [iter(s) for s in self._sources]  # DataLoader workers start in this thread
         first = self._resume_at or 0
+        stream = None
+        if checks is not None and len(self._sources) == 1 and checks.compares(mesh):
+            # The epoch's exchanges of each batch's outcome, named in program order; one
+            # exchange here, on this thread, finds processes that are out of step at once.
+            name = checks.open_stream(mesh, what=f"GlobalBatchLoader: iter() from batch {first}")
+            stream = None if name is None else Stream(checks, mesh, name)
+        its = [iter(s) for s in self._sources]  # DataLoader workers start in this thread
         self._resume_at = None
         producer = Producer(
             its,
@@ -185,7 +192,7 @@ class GlobalBatchLoader(Iterable[Any]):
             first,
             per_host=self._per_host,
             explicit_partition=self._partition is not DEFAULT_PARTITION,
-            agree=len(self._sources) == 1 and checks is not None and checks.compares(mesh),
+            stream=stream,
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
         self._cursor = Cursor(producer.snapshot(), first)

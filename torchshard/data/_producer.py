@@ -4,8 +4,12 @@ Per batch: take one host batch from every source (one per host this process supp
 the sources, check the batch against the first one, apply the dispatchers'
 ``logical_to_physical_batch``, and call the engine (``read``/``plan``/``place``) as
 ``host_to_global_array`` does, telling the backend it runs on a helper thread (``background``).
-It never runs the agreement step: the consumer does (``Epoch``), on the thread that runs the
-program. It holds no consumer state.
+Then, when the processes compare (DTensor, agreement check on), it exchanges the batch's
+*outcome* (its description, the end of the source, or a failure) on the epoch's ``Stream``:
+one bounded store exchange per batch, named by the batch, on the thread that made it, so it
+runs ahead of the consumer and off the step's path. Differing outcomes raise at that batch on
+every process, before it is handed over: the failing process its own error (with a note), the
+others ``ProcessDisagreementError``. It holds no consumer state.
 """
 
 from __future__ import annotations
@@ -15,9 +19,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from torchshard._backend.protocols import ProcessChecks
 from torchshard._backend.registry import lookup
-from torchshard._core.agreement import END, describe, failure
-from torchshard._core.errors import IndivisibleError, ShardingError
+from torchshard._core.agreement import END, describe, failure, outcome_disagreement
+from torchshard._core.errors import (
+    CollectiveError,
+    IndivisibleError,
+    ProcessDisagreementError,
+    ShardingError,
+)
 from torchshard._core.mesh import Mesh
 from torchshard._core.tree import LazyPaths, flatten
 from torchshard._mesh.context import current_topology
@@ -29,9 +39,8 @@ from torchshard.data._batch_check import (
     host_nbytes,
     indivisible_error,
 )
+from torchshard.data._prefetch import LOCATED  # the agreement's errors name their batch
 from torchshard.data._stats import Counters
-
-OUTCOME = "_torchshard_outcome"  # attribute of a producer's exception: its outcome description
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +49,10 @@ class Made:
 
     batch: Any
     snapshot: list[Any] | None
-    outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
-    where: Callable[[int], str] | None  # leaf paths for the agreement error
     ready: Callable[[], None] | None = None
     """The batch's hand-off (``DeviceThreads.fence``): the consumer calls it before using the batch,
     so that its stream waits for this batch's copies; ``None``: nothing to wait for."""
+    compared: bool = False  # the processes agreed on this batch's outcome
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +60,29 @@ class Ended:
     """The value of the producer's ``StopIteration``."""
 
     snapshot: list[Any] | None
-    outcome: list[str] | None
+
+
+class Stream:
+    """An epoch's sequence of outcome exchanges (``ProcessChecks.open_stream``): the producer
+    runs them, the consumer counts the batches it takes, and ``close`` ends the sequence once
+    the producer is stopped (``finished``: the last exchange was the agreed end of the source).
+    Holds no reference to the epoch, so an abandoned iterator's finaliser can close it."""
+
+    def __init__(self, checks: ProcessChecks, mesh: Mesh, name: str) -> None:
+        self.checks = checks
+        self.mesh = mesh
+        self.name = name
+        self.taken = 0
+        self.finished = False
+        self.closed = False
+
+    def close(self) -> None:
+        """Ends the sequence (once): every process still to reach its next exchange, or waiting
+        in it, raises naming this process, unless the source ended on every process."""
+        if self.closed:
+            return
+        self.closed = True
+        self.checks.close_stream(self.mesh, self.name, finished=self.finished, taken=self.taken)
 
 
 def stateful(source: Any) -> bool:
@@ -78,7 +108,7 @@ class Producer:
         first: the index of the first batch (``> 0`` when resuming).
         per_host: the sources are a list of per-host sources (names the paths of errors).
         explicit_partition: ``partition=`` was given (names the fix of a feed mismatch).
-        agree: describe each batch's outcome for the consumer's agreement step.
+        stream: the epoch's exchanges of each batch's outcome (``None``: no agreement step).
     """
 
     def __init__(
@@ -93,14 +123,14 @@ class Producer:
         *,
         per_host: bool,
         explicit_partition: bool,
-        agree: bool,
+        stream: Stream | None,
     ) -> None:
         self.its = its
         self.sources = sources if all(stateful(s) for s in sources) else None
         self.dispatchers = dispatchers
         self.per_host = per_host
         self.explicit_partition = explicit_partition
-        self.agree = agree
+        self.stream = stream
         self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
         self.background = False  # set when a thread runs it
         self.spec = spec
@@ -138,29 +168,63 @@ class Producer:
 
     def __call__(self, i: int) -> Made:
         n = self.first + i
+        stream = self.stream
         try:
             out, snapshot, host = self._make(n)
         except StopIteration as end:
-            raise StopIteration(Ended(end.value, [END] if self.agree else None)) from None
+            if stream is not None:
+                self._agree(stream, n, [END])
+                stream.finished = True
+            raise StopIteration(Ended(end.value)) from None
         except Exception as e:
             if self.background and self.threads is not None:  # drop the failed batch's copies
                 self.threads.fence()
-            if self.agree:
-                setattr(e, OUTCOME, failure(e))
+            if stream is not None:
+                self._agree(stream, n, failure(e), error=e)
             raise
         # The copies of a batch made on the loader's thread end with one fence for the batch.
         ready = self.threads.fence() if self.background and self.threads is not None else None
-        if not self.agree:
-            return Made(out, snapshot, None, None, ready)
+        if stream is None:
+            return Made(out, snapshot, ready)
         leaves, treespec = flatten(host)
         paths = LazyPaths(treespec, "batch")
-        return Made(
-            out,
-            snapshot,
+        self._agree(
+            stream,
+            n,
             describe(treespec, leaves, self.spec),
-            lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
-            ready,
+            where=lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
         )
+        return Made(out, snapshot, ready, compared=True)
+
+    def _agree(
+        self,
+        stream: Stream,
+        n: int,
+        outcome: list[str],
+        *,
+        error: BaseException | None = None,
+        where: Callable[[int], str] | None = None,
+    ) -> None:
+        """The agreement step on batch ``n``'s outcome (an exchange on the epoch's stream):
+        raises ``ProcessDisagreementError`` on every process whose outcome is a batch or the
+        end when the outcomes differ; a process whose outcome is ``error`` gets a note on it
+        instead (its caller re-raises it)."""
+        what = f"GlobalBatchLoader: batch {n}"
+        try:
+            every = stream.checks.exchange(self.mesh, outcome, what=what, stream=stream.name)
+            if every is None:
+                return
+            problem = outcome_disagreement(
+                what, every, where or (lambda i: f"GlobalBatchLoader: batch {n}: leaf {i}")
+            )
+        except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
+            setattr(e, LOCATED, True)
+            raise
+        if error is not None:
+            error.add_note(f"(the other processes' outcomes differ: {problem})")
+            return
+        setattr(problem, LOCATED, True)
+        raise problem
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any]:
         hosts = self._pull(n)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 
 
@@ -10,17 +11,68 @@ import threading
 class LoaderStats:
     """Counters of a ``GlobalBatchLoader`` since it was made (all epochs).
 
+    The question they answer is ``input_wait_fraction``: the share of the step time the
+    training loop spent waiting for input, after each epoch's first batch. The first batch of
+    an epoch is the warm-up (``iter()`` starts the DataLoader's workers, the first transfer
+    fills the pipeline), counted apart: ``wait_seconds / wall time`` mixes it in, and over a
+    short run the warm-up dominates.
+
     Attributes:
         batches: global batches handed to the consumer.
         bytes: host bytes transferred to the devices (every host's, under the emulation).
-        wait_seconds: time the consumer spent inside ``next()`` waiting for input.
+        wait_seconds: time the consumer spent inside ``next()`` waiting for input (every
+            batch, the warm-up included).
         transfer_seconds: time spent in ``host_to_global_array`` (on the background thread).
+        warmup_batches: the batches counted as warm-up: the first of each epoch.
+        warmup_wait_seconds: the time the consumer waited for them.
+        step_seconds: the step time after the warm-up: for every other batch, the time from
+            the hand-over of the batch before it to its own (the step on the previous batch
+            plus the wait for this one).
+
+    Example:
+        >>> stats = torchshard.data.LoaderStats(
+        ...     batches=4, wait_seconds=2.1, warmup_batches=1, warmup_wait_seconds=2.0,
+        ...     step_seconds=1.0,
+        ... )
+        >>> round(stats.input_wait_fraction, 3)
+        0.1
+        >>> print(str(stats).replace("; ", ";\n"))
+        4 batches, 0 bytes;
+        input wait 10.0% of step time (3 batches after the warm-up);
+        warm-up: 1 batch(es), 2.00 s waited;
+        0.00 s transferring
     """
 
     batches: int = 0
     bytes: int = 0
     wait_seconds: float = 0.0
     transfer_seconds: float = 0.0
+    warmup_batches: int = 0
+    warmup_wait_seconds: float = 0.0
+    step_seconds: float = 0.0
+
+    @property
+    def input_wait_fraction(self) -> float:
+        """The share of the step time spent waiting for input, after the warm-up (``nan``
+        before an epoch's second batch): ``(wait_seconds - warmup_wait_seconds) /
+        step_seconds``."""
+        if self.step_seconds <= 0:
+            return math.nan
+        return (self.wait_seconds - self.warmup_wait_seconds) / self.step_seconds
+
+    def __str__(self) -> str:
+        steady = self.batches - self.warmup_batches
+        wait = (
+            f"input wait {self.input_wait_fraction:.1%} of step time ({steady} batches after "
+            "the warm-up)"
+            if steady > 0 and self.step_seconds > 0
+            else "input wait not measured yet (it needs an epoch's second batch)"
+        )
+        return (
+            f"{self.batches} batches, {self.bytes:,} bytes; {wait}; warm-up: "
+            f"{self.warmup_batches} batch(es), {self.warmup_wait_seconds:.2f} s waited; "
+            f"{self.transfer_seconds:.2f} s transferring"
+        )
 
 
 class Counters:

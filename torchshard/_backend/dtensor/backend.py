@@ -400,11 +400,29 @@ class DTensorChecks:
             check_values(tree, argname, what)
 
     def exchange(
-        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard"
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
     ) -> list[list[str]] | None:
         if not self.compares(mesh):
             return None
-        return exchange_in_step(what, items)
+        return exchange_in_step(what, items, stream)
+
+    def open_stream(self, mesh: Mesh, *, what: str) -> str | None:
+        if not self.compares(mesh):
+            return None
+        opened = collective.open_stream(what)  # on the calling thread, in program order
+        if opened is None:
+            return None
+        stream, every = opened
+        in_step(what, every)  # the only item is alike: only the calls can differ
+        return stream
+
+    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
+        collective.end_stream(stream, finished=finished, taken=taken)
 
 
 _DTENSOR = DTensorRuntime()
