@@ -219,8 +219,8 @@ def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
     assert result.returncode == 2
     assert result.stderr.endswith(
         "python -m torchshard bench: error: bench --plot needs matplotlib, which is not "
-        "installed; install the optional extra with `pip install 'torchshard[plot]'` (or `pip "
-        "install matplotlib`).\n"
+        "installed; install the optional extra with `pip install 'torchshard-input[plot]'` "
+        "(from a checkout: `pip install -e '.[plot]'`), or `pip install matplotlib`.\n"
     )
     assert "g2h" not in result.stdout
 
@@ -479,3 +479,21 @@ def test_the_dtensor_benches_set_up_no_xla_emulation(
     assert _main(capsys, "bench", FAKE, "--plain", "--quick").returncode == 0
     assert bool(calls) is emulated
     assert "dtensor" in bench.NEEDS_NO_XLA and "h2d" in bench.NEEDS_NO_XLA
+
+
+def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatch):
+    """Before: ``bench`` with no name failed asking for the xla extra on a plain install."""
+    from torchshard._backend.xla import env
+    from torchshard._tools import cli
+    from torchshard._tools.bench import BENCHES, NEEDS_NO_XLA
+
+    monkeypatch.setattr(env, "xla_installed", lambda: False)
+    assert cli.default_bench() == "dtensor"
+    assert cli.bench_names(None) == ["dtensor"]
+    assert cli.bench_names("all") == [n for n in BENCHES if n in NEEDS_NO_XLA]
+    assert cli._default_bench_notice(BENCHES).startswith(
+        "bench: no name given, so running the short default, dtensor (host -> global on DTensor "
+        "gloo processes, and the agreement check's cost)."
+    )
+    monkeypatch.setattr(env, "xla_installed", lambda: True)
+    assert cli.bench_names(None) == ["h2g"] and cli.bench_names("all") == list(BENCHES)
