@@ -87,7 +87,8 @@ def test_without_rich_the_default_is_plain_text(monkeypatch):
     out = io.StringIO()
     ts.visualize_sharding(layout, file=out)
     assert out.getvalue() == GRID_42 + "\n"
-    with pytest.raises(MissingDependencyError, match=re.escape("pip install 'torchshard-input[pretty]'")):
+    install = "pip install 'torchshard-input[pretty]'"
+    with pytest.raises(MissingDependencyError, match=re.escape(install)):
         ts.visualize_sharding(layout, file=out, use_rich=True)
 
 
