@@ -5,6 +5,7 @@ loader, its len() and stats."""
 import dataclasses
 import re
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -151,3 +152,25 @@ def test_a_source_slower_than_the_step_is_most_of_the_step_time(mesh8):
     stats = loader.stats
     assert stats.warmup_batches == 1
     assert stats.input_wait_fraction > 0.8
+
+
+class _WithWorkers(list):
+    """A source that says it has worker processes, as a DataLoader does (``num_workers``)."""
+
+    num_workers = 3
+
+
+def test_a_source_with_workers_warms_up_one_batch_per_worker(mesh8):
+    """A DataLoader takes batch i from worker i % num_workers: each of the first num_workers
+    batches waits for a worker's start (on DTensor with the agreement check, for the slowest
+    process's), so they are the warm-up, not the input wait."""
+    from torchshard.data._stats import warmup_batches
+
+    assert warmup_batches([[1]]) == 1
+    assert warmup_batches([_WithWorkers()]) == 3
+    assert warmup_batches([types.SimpleNamespace(num_workers=0)]) == 1
+    assert warmup_batches([types.SimpleNamespace(num_workers=True)]) == 1  # not a count
+    loader = ts.GlobalBatchLoader(_WithWorkers({"id": np.arange(8) + i} for i in range(5)))
+    for _ in range(2):
+        list(loader)
+    assert (loader.stats.batches, loader.stats.warmup_batches) == (10, 6)

@@ -55,11 +55,20 @@ class Epoch(Iterator[Any]):
         prefetch: the most batches made ahead of the consumer (0: made inside ``next()``).
         counters: the loader's counters (batches, wait seconds).
         cursor: this epoch's position, moved as the consumer takes batches.
+        warmup: how many first batches are the warm-up (1; a DataLoader's worker count when it
+            has workers: each worker's first batch waits for that worker's start).
     """
 
     def __init__(
-        self, producer: Producer, prefetch: int, *, counters: Counters, cursor: Cursor
+        self,
+        producer: Producer,
+        prefetch: int,
+        *,
+        counters: Counters,
+        cursor: Cursor,
+        warmup: int = 1,
     ) -> None:
+        self._warmup = warmup
         self._mesh = producer.mesh
         self._backend = producer.backend
         self._counters = counters
@@ -71,6 +80,7 @@ class Epoch(Iterator[Any]):
         self._closed = False
         self._ended_by: str | None = None  # what ended it mid-epoch (``end``), for next()
         self._handed: float | None = None  # when the last batch was handed over (perf_counter)
+        self._taken = 0  # batches handed over in this epoch
         if prefetch:
             mesh, first = producer.mesh, producer.first
             producer.background = True
@@ -125,13 +135,15 @@ class Epoch(Iterator[Any]):
         if made.ready is not None:  # this thread's stream waits for this batch's copies
             made.ready()
         now = time.perf_counter()
-        if self._handed is None:  # the epoch's first batch: the warm-up
+        handed = self._handed
+        if handed is None or self._taken < self._warmup:  # the epoch's warm-up batch(es)
             self._counters.add(
                 batches=1, wait_seconds=now - t0, warmup_batches=1, warmup_wait_seconds=now - t0
             )
         else:  # a step: from the previous hand-over to this one
-            self._counters.add(batches=1, wait_seconds=now - t0, step_seconds=now - self._handed)
+            self._counters.add(batches=1, wait_seconds=now - t0, step_seconds=now - handed)
         self._handed = now
+        self._taken += 1
         self._cursor.advance(made.snapshot)
         self._next += 1
         if self._stream is not None:

@@ -34,7 +34,7 @@ from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._epoch import Epoch
 from torchshard.data._position import Cursor
 from torchshard.data._producer import Producer, Stream, stateful
-from torchshard.data._stats import Counters, LoaderStats
+from torchshard.data._stats import Counters, LoaderStats, warmup_batches
 
 
 class GlobalBatchLoader(Iterable[Any]):
@@ -196,7 +196,13 @@ class GlobalBatchLoader(Iterable[Any]):
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
         self._cursor = Cursor(producer.snapshot(), first)
-        epoch = Epoch(producer, self._prefetch, counters=self._counters, cursor=self._cursor)
+        epoch = Epoch(
+            producer,
+            self._prefetch,
+            counters=self._counters,
+            cursor=self._cursor,
+            warmup=warmup_batches(self._sources),
+        )
         self._epoch = weakref.ref(epoch)
         return epoch
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -12,10 +14,10 @@ class LoaderStats:
     """Counters of a ``GlobalBatchLoader`` since it was made (all epochs).
 
     The question they answer is ``input_wait_fraction``: the share of the step time the
-    training loop spent waiting for input, after each epoch's first batch. The first batch of
-    an epoch is the warm-up (``iter()`` starts the DataLoader's workers, the first transfer
-    fills the pipeline), counted apart: ``wait_seconds / wall time`` mixes it in, and over a
-    short run the warm-up dominates.
+    training loop spent waiting for input, after each epoch's warm-up. The warm-up is the
+    epoch's first batch, or its first ``num_workers`` batches for a ``DataLoader`` with worker
+    processes (``iter()`` starts the workers, each with its own first batch), counted apart:
+    ``wait_seconds / wall time`` mixes it in, and over a short run the warm-up dominates.
 
     Attributes:
         batches: global batches handed to the consumer.
@@ -23,7 +25,8 @@ class LoaderStats:
         wait_seconds: time the consumer spent inside ``next()`` waiting for input (every
             batch, the warm-up included).
         transfer_seconds: time spent in ``host_to_global_array`` (on the background thread).
-        warmup_batches: the batches counted as warm-up: the first of each epoch.
+        warmup_batches: the batches counted as warm-up (the first of each epoch, or its first
+            ``num_workers``).
         warmup_wait_seconds: the time the consumer waited for them.
         step_seconds: the step time after the warm-up: for every other batch, the time from
             the hand-over of the batch before it to its own (the step on the previous batch
@@ -92,3 +95,12 @@ class Counters:
         with self._lock:
             v = self._value
             self._value = dataclasses.replace(v, **{k: getattr(v, k) + d for k, d in delta.items()})
+
+
+def warmup_batches(sources: Sequence[Any]) -> int:
+    """How many first batches of an epoch are its warm-up: 1, or the most worker processes of
+    a source that has them (a ``DataLoader``'s ``num_workers``: it takes batch ``i`` from worker
+    ``i % num_workers``, so each of the first ``num_workers`` batches waits for a worker's
+    start; with several processes one process's slower start shows on every process)."""
+    workers = [getattr(s, "num_workers", 0) for s in sources]
+    return max([1, *(w for w in workers if isinstance(w, int) and not isinstance(w, bool))])
