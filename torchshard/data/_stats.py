@@ -39,7 +39,7 @@ class LoaderStats:
         ... )
         >>> round(stats.input_wait_fraction, 3)
         0.1
-        >>> print(str(stats).replace("; ", ";\n"))
+        >>> print(str(stats).replace("; ", ";\\n"))
         4 batches, 0 bytes;
         input wait 10.0% of step time (3 batches after the warm-up);
         warm-up: 1 batch(es), 2.00 s waited;
