@@ -61,14 +61,19 @@ def loader_break() -> dict[str, Any]:
     mesh = _mesh(dist.get_world_size())
     source = [{"x": torch.full((2, 4), float(i))} for i in range(6)]
     with mesh:
+        ts.host_to_global_array(source[0])  # torch's first DTensor.from_local (seconds): not timed
         loader = ts.GlobalBatchLoader(source, prefetch=2)
+        epoch = iter(loader)
+        taken: list[int] = []
 
         def consume() -> None:
-            for i, _ in enumerate(loader):
+            for i, _ in enumerate(epoch):
+                taken.append(i)
                 if rank == 1 and i == 1:
                     break
 
         out = _timed(consume)
+        out["batches"] = len(taken)
         loader.close()
     return out
 

@@ -120,7 +120,7 @@ assert sorted(__all__) == __all__
 
 # The exception types moved to torchshard.errors (0.2): their old top-level names still work,
 # with a DeprecationWarning naming the new place.
-_MOVED_TO_ERRORS = frozenset(errors.__all__) - {"ShardingError"}
+_MOVED_TO_ERRORS = frozenset(errors.__all__) - {"ShardingError", "Float64Warning"}
 
 
 def __getattr__(name: str) -> _Any:

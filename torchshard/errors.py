@@ -21,6 +21,8 @@ also at the top level (``torchshard.ShardingError``); the others are here::
       EmulationError                torch_xla started with another device count
     ImportError
       MissingDependencyError        an optional dependency (the message names the extra)
+    UserWarning
+      Float64Warning                float64 data on a torch_xla mesh (TPUs have none; once)
     Exception
       ChildFailedError              a ``@pytest.mark.spmd`` item's child process failed
 """
@@ -28,6 +30,7 @@ also at the top level (``torchshard.ShardingError``); the others are here::
 from torchshard._core.errors import ChildFailedError as ChildFailedError
 from torchshard._core.errors import CollectiveError as CollectiveError
 from torchshard._core.errors import EmulationError as EmulationError
+from torchshard._core.errors import Float64Warning as Float64Warning
 from torchshard._core.errors import IndivisibleError as IndivisibleError
 from torchshard._core.errors import MissingDependencyError as MissingDependencyError
 from torchshard._core.errors import NoMeshError as NoMeshError
@@ -43,6 +46,7 @@ __all__ = [
     "ChildFailedError",
     "CollectiveError",
     "EmulationError",
+    "Float64Warning",
     "IndivisibleError",
     "MissingDependencyError",
     "NoMeshError",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla.distributed.spmd as xs
 from helpers import (
     CONFORMANCE,

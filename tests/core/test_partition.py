@@ -152,15 +152,35 @@ def test_complete_partition_spec_tree_not_a_prefix():
     with pytest.raises(ValueError) as info:
         ts.complete_partition_spec_tree({"a": 1, "b": [2, 3]}, {"a": None, "b": [ts.P("x")]})
     assert isinstance(info.value, ts.errors.TreeStructureError)
-    text = str(info.value)
-    assert text.startswith(
-        "partition_spec_tree must be a tree prefix of treedef_or_tree, but it is not.\n"
+    assert str(info.value) == (
+        "partition_spec_tree['b'] must be a tree prefix of treedef_or_tree['b'], but it is a "
+        "list of 1 where treedef_or_tree['b'] is a list of 2; give one spec per element, in a "
+        "list, or one spec for the whole list."
     )
-    assert "partition_spec_tree['b']" in text
-    assert text.endswith(
-        "partition_spec_tree tree: PyTreeSpec({'a': *, 'b': [*]})\n"
-        "treedef_or_tree tree: PyTreeSpec({'a': *, 'b': [*, *]})"
+
+
+@pytest.mark.parametrize(
+    ("bad", "spec"),
+    [
+        (("data", None), "P('data', None)"),
+        (["data"], "P('data')"),
+        ((("data", "model"), None), "P(('data', 'model'), None)"),
+    ],
+)
+def test_axis_names_without_p_say_to_write_p(bad, spec):
+    # Before: "partition[0]: Unsupported partition: data" (the tuple read as a tree prefix).
+    with pytest.raises(ts.errors.UnsupportedPartitionError) as info:
+        ts.data_partition_type_to_spec(bad)
+    assert str(info.value) == (
+        f"partition={bad!r}: a {type(bad).__name__} of mesh axis names is not a partition (a "
+        "tuple or list is a tree prefix of the data, one partition per element). It reads as "
+        "the entries of one PartitionSpec, as xs.ShardingSpec's partition_spec is written: "
+        f"write {spec} (from torchshard import P)."
     )
+
+
+def test_a_tuple_of_specs_is_still_a_tree_prefix():
+    assert ts.data_partition_type_to_spec((ts.P("data"), None)) == (ts.P("data"), None)
 
 
 def test_dataclass_spec_trees(mesh42):

@@ -33,7 +33,15 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/migration.md", "docs/tpu.md", "docs/data.md")
+DOCUMENTS = (
+    "README.md",
+    "docs/migration.md",
+    "docs/tpu.md",
+    "docs/training.md",
+    "docs/testing.md",
+    "docs/layout.md",
+    "docs/data.md",
+)
 KINDS = {"run", "continues", "torchrun", "ci", "shell", "output", "example", "fragment"}
 MARKER = re.compile(r"<!-- (?P<kind>[a-z]+):(?P<name>[A-Za-z0-9_-]+) -->")
 FENCE = re.compile(r"^```(?P<lang>\w*)\s*$")
@@ -151,6 +159,20 @@ def test_the_ci_blocks_are_where_ci_reads_them():
     assert readme[("ci", "demo")].lang == "bash"
     quickstart = readme[("ci", "dtensor-quickstart")]
     assert quickstart.lang == "python" and "init_process_group" in quickstart.code
+
+
+def test_the_readme_is_a_front_page():
+    """At most 150 lines; exactly the two set-up commands (the demo, the tests) as blocks."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    bash = [b for b in blocks("README.md") if b.lang == "bash"]
+    assert [(b.kind, b.name) for b in bash] == [("ci", "demo"), ("ci", "test")]
+
+
+def test_the_dtensor_training_example_is_the_documented_one():
+    (block,) = [b for b in blocks("docs/training.md") if b.name == "train-dtensor"]
+    assert block.kind == "torchrun"
+    assert block.code == (ROOT / "examples" / "train_dtensor.py").read_text()
 
 
 def _env() -> dict[str, str]:

@@ -123,15 +123,9 @@ CASES = {
         ),
         ts.errors.TreeStructureError,
         (
-            "partition must be a tree prefix of host_arrays, but it is not.\n"
-            "pytree structure error: different numbers of pytree children at key path\n"
-            "    partition['y']\n"
-            "At that key path, the prefix pytree partition has a subtree of type\n"
-            "    <class 'list'>\n"
-            "with 1 children, but at the same key path the full pytree has a subtree of the same "
-            "type but with 2 children.\n"
-            "partition tree: PyTreeSpec({'x': *, 'y': [*]})\n"
-            "host_arrays tree: PyTreeSpec({'x': *, 'y': [*, *]})"
+            "partition['y'] must be a tree prefix of host_arrays['y'], but it is a list of 1 "
+            "where host_arrays['y'] is a list of 2; give one spec per element, in a list, or one "
+            "spec for the whole list."
         ),
     ),
     "unsupported partition": (

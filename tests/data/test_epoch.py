@@ -31,7 +31,7 @@ def _epoch(batches, mesh, *, prefetch, first=0):
         first,
         per_host=False,
         explicit_partition=True,
-        agree=False,
+        stream=None,
     )
     return Epoch(producer, prefetch, counters=counters, cursor=cursor), counters, cursor
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla
 from data_helpers import loader_threads, no_loader_thread_left, save_resume
 from helpers import reference_ranges, virtual_host_of

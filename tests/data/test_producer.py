@@ -1,8 +1,9 @@
 """What a GlobalBatchLoader's thread does per batch (torchshard.data._producer): one host batch
 from every source, the sources' snapshot, the batch checks, the dispatchers, the engine, and
-the counters; the end of the sources, together or not; the outcome described for the
-consumer's agreement step. A ``Producer`` is driven directly here, as the loader's thread
-drives it."""
+the counters; the end of the sources, together or not; each batch's outcome exchanged on the
+epoch's stream before the batch is handed over (the agreement step, with a fake backend's
+checks here; on real gloo processes in tests/backend/dtensor). A ``Producer`` is driven
+directly here, as the loader's thread drives it."""
 
 import re
 
@@ -13,7 +14,8 @@ from data_helpers import FakeDispatcher
 from helpers import xla_shards
 
 import torchshard as ts
-from torchshard.data._producer import OUTCOME, Ended, Made, Producer, stateful
+from torchshard.data._prefetch import LOCATED
+from torchshard.data._producer import Ended, Made, Producer, Stream, stateful
 from torchshard.data._stats import Counters
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
@@ -39,7 +41,23 @@ class Stateful:
 DATA = ts.P("data")
 
 
-def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=False):
+class FakeChecks:
+    """The backend's process checks as a recorder: ``answers`` maps a call to every process's
+    outcomes (``None``: they agree)."""
+
+    def __init__(self, answers=None):
+        self.calls, self.closed, self.answers = [], [], answers or {}
+
+    def exchange(self, mesh, items, *, what, stream=None, force=False):
+        self.calls.append((stream, what, list(items)))
+        return self.answers.get(what)
+
+    def close_stream(self, mesh, stream, *, finished, taken):
+        self.closed.append((stream, finished, taken))
+
+
+def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=None):
+    stream = None if agree is None else Stream(agree, mesh, "loader7")
     return Producer(
         [iter(s) for s in sources],
         sources,
@@ -50,7 +68,7 @@ def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=Fals
         first,
         per_host=len(sources) > 1,
         explicit_partition=True,
-        agree=agree,
+        stream=stream,
     )
 
 
@@ -72,7 +90,7 @@ def test_each_call_makes_one_global_batch_and_counts_its_bytes(mesh8):
     for k in range(3):
         made = producer(k)
         assert isinstance(made, Made) and made.snapshot is None
-        assert made.outcome is None and made.where is None and made.ready is None
+        assert made.ready is None and not made.compared
         shards = xla_shards(made.batch["x"])
         assert sorted(shards) == list(range(8))
         assert all(torch.equal(d, torch.full((1, 2), float(k))) for _, d in shards.values())
@@ -80,7 +98,7 @@ def test_each_call_makes_one_global_batch_and_counts_its_bytes(mesh8):
     assert stats.bytes == 3 * 8 * 2 * 4 and stats.transfer_seconds > 0
     with pytest.raises(StopIteration) as end:
         producer(3)
-    assert end.value.value == Ended(None, None)
+    assert end.value.value == Ended(None)
 
 
 def test_a_stateful_source_is_snapshotted_after_each_batch(mesh8):
@@ -91,7 +109,7 @@ def test_a_stateful_source_is_snapshotted_after_each_batch(mesh8):
     assert producer(1).snapshot == [{"pos": 2}]
     with pytest.raises(StopIteration) as end:
         producer(2)
-    assert end.value.value == Ended([{"pos": 2}], None)
+    assert end.value.value == Ended([{"pos": 2}])
 
 
 def test_the_dispatcher_runs_on_every_host_batch(mesh8):
@@ -107,26 +125,60 @@ def test_the_dispatcher_runs_on_every_host_batch(mesh8):
     assert dispatcher.calls == 2
 
 
-def test_the_outcome_describes_the_host_batch_for_the_agreement_step(mesh8):
-    producer = _producer([[{"x": np.zeros((8, 3), np.float32)}]], mesh=mesh8, first=4, agree=True)
+def test_each_batch_s_outcome_is_exchanged_on_the_stream_before_it_is_handed_over(mesh8):
+    checks = FakeChecks()
+    batches = [{"x": np.zeros((8, 3), np.float32)}] * 2
+    producer = _producer([batches], mesh=mesh8, first=4, agree=checks)
     made = producer(0)
-    assert made.outcome[1:] == ["(8, 3) float32"]
-    assert made.outcome[0].startswith("structure PyTreeSpec({'x': *}), partition P('data',)")
-    assert made.where(0) == "GlobalBatchLoader: batch 4: batch['x']"
+    assert made.compared
+    ((stream, what, outcome),) = checks.calls
+    assert (stream, what) == ("loader7", "GlobalBatchLoader: batch 4")
+    assert outcome[1:] == ["(8, 3) float32"]
+    assert outcome[0].startswith("structure PyTreeSpec({'x': *}), partition P('data',)")
+    producer(1)
     with pytest.raises(StopIteration) as end:
-        producer(1)
-    assert end.value.value.outcome is not None and end.value.value.snapshot is None
+        producer(2)
+    assert checks.calls[2] == ("loader7", "GlobalBatchLoader: batch 6", ["the end of the source"])
+    assert end.value.value == Ended(None) and producer.stream.finished
+    producer.stream.close()
+    producer.stream.close()  # once
+    assert checks.closed == [("loader7", True, 0)]
 
 
-def test_a_failed_batch_carries_its_outcome_when_the_processes_compare(mesh8):
-    producer = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, agree=True)
+def test_outcomes_that_differ_raise_at_their_batch_before_it_is_handed_over(mesh8):
+    batch = {"x": np.zeros((8, 3), np.float32)}
+    describe = f"structure {ts._core.tree.flatten(batch)[1]}, partition P('data',)"
+    every = [[describe, "(8, 3) float32"], ["the end of the source"]]
+    checks = FakeChecks({"GlobalBatchLoader: batch 0": every})
+    producer = _producer([[batch]], mesh=mesh8, agree=checks)
+    with pytest.raises(ts.errors.ProcessDisagreementError) as info:
+        producer(0)
+    assert str(info.value) == (
+        "GlobalBatchLoader: batch 0: every process must make the batch or end its source at "
+        "the same batch, but process 0: a batch; process 1: the end of the source. Give every "
+        "process a source that yields the same number of batches (e.g. torchshard.host_sampler "
+        "with drop_last=True)."
+    )
+    assert getattr(info.value, LOCATED)  # names its batch: no note naming the thread
+    assert not producer.stream.finished
+
+
+def test_a_failed_batch_exchanges_its_failure_and_keeps_its_own_error(mesh8):
+    every = [["a failure: IndivisibleError: ..."], ["structure ...", "(6,) float64"]]
+    checks = FakeChecks({"GlobalBatchLoader: batch 0": every})
+    producer = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, agree=checks)
     with pytest.raises(ts.errors.IndivisibleError) as info:
         producer(0)
-    assert getattr(info.value, OUTCOME)  # the consumer's agreement step compares it
-    quiet = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, agree=False)
+    ((_, _, outcome),) = checks.calls
+    assert outcome[0].startswith("a failure: IndivisibleError: GlobalBatchLoader: batch 0: ")
+    assert info.value.__notes__[-1].startswith(
+        "(the other processes' outcomes differ: GlobalBatchLoader: batch 0: every process must "
+        "make the batch or end its source at the same batch, but process 0: a failure: "
+    )
+    quiet = _producer([[{"x": np.zeros(6)}]], mesh=mesh8)
     with pytest.raises(ts.errors.IndivisibleError) as info:
         quiet(0)
-    assert not hasattr(info.value, OUTCOME)
+    assert not getattr(info.value, "__notes__", [])
 
 
 def test_an_indivisible_batch_names_the_batch_index(mesh8):

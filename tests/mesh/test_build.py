@@ -79,15 +79,61 @@ def test_create_device_mesh_errors():
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "mesh shape (4, 4) has 16 devices, but 8 devices were given; a mesh must cover "
-            "every device."
+            "create_device_mesh: mesh shape (4, 4) has 16 devices, but torch_xla's runtime has "
+            "8 devices; a mesh covers every device of the run. On a CPU, emulate 16 devices: "
+            "call torchshard.setup_cpu_emulation(16) before torch_xla starts (or run with "
+            "PJRT_DEVICE=CPU CPU_NUM_DEVICES=16); on a TPU, use a shape of this host's devices, "
+            "or a shape with -1 (e.g. (-1, 4)) to fit any count."
         ),
     ):
         ts.create_device_mesh((4, 4), ("a", "b"))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "create_device_mesh: mesh shape (4,) has 4 devices, but devices= gives 2; a mesh "
+            "covers exactly the devices given: pass 4 device ids, or a shape with -1 (e.g. "
+            "(-1,)) to fit 2."
+        ),
+    ):
+        ts.create_device_mesh((4,), ("a",), devices=[0, 1])
     with pytest.raises(ValueError, match=re.escape("Only one axis can be -1")):
         ts.create_device_mesh((-1, -1), ("a", "b"))
     with pytest.raises(ValueError, match=re.escape("Unable to infer -1 in mesh shape (-1, 3)")):
         ts.create_device_mesh((-1, 3), ("a", "b"))
+
+
+def test_a_shape_and_names_of_different_lengths_name_both_and_the_fix():
+    # Before: Mesh's "the ndim of `devices`", which the caller never passed.
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "create_device_mesh: mesh_shape has 1 axes ((2,)), but axis_names has 2 (('data', "
+            "'model')); give one name per axis, e.g. create_device_mesh((2,), ('data',)) or "
+            "create_device_mesh((-1, 1), ('data', 'model'))."
+        ),
+    ):
+        ts.create_device_mesh((2,), ("data", "model"))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "mesh_shape has 2 axes ((4, 2)), but axis_names has 1 (('data',)); give one name per "
+            "axis, e.g. create_device_mesh((4, 2), ('data', 'model')) or "
+            "create_device_mesh((-1,), ('data',))."
+        ),
+    ):
+        ts.create_device_mesh((4, 2), "data")
+    assert ts.create_device_mesh((8,), "data").axis_names == ("data",)
+
+
+def test_the_dtensor_count_mismatch_says_to_start_processes():
+    from torchshard._mesh.build import _count_mismatch
+
+    assert _count_mismatch((4,), 1, "dtensor", given=False) == (
+        "create_device_mesh: mesh shape (4,) has 4 devices, but torch.distributed's default "
+        "process group has 1 rank; a mesh covers every device of the run. Start 4 processes "
+        "(e.g. torchrun --nproc-per-node 4 train.py; the dtensor backend has one device per "
+        "process), or a shape with -1 (e.g. (-1,)) to fit any count."
+    )
 
 
 def test_hybrid_on_one_host_is_the_ici_mesh():

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla.distributed.spmd as xs
 
 import torchshard as ts

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla
 
 from torchshard._place.host_data import SUPPORTED_DTYPES, as_host_tensor, shape_dtype

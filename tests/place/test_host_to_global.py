@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 from helpers import DTYPES, to_numpy, xla_shards
 
 import torchshard as ts

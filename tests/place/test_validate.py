@@ -184,3 +184,36 @@ def test_nothing_is_transferred_when_any_leaf_is_bad(mesh42, monkeypatch, tree, 
     with pytest.raises(error or ts.ShardingError):
         ts.host_to_global_array(tree, **kwargs)
     assert calls == []
+
+
+@pytest.mark.xla
+def test_float64_on_a_torch_xla_mesh_warns_once_naming_the_leaf(monkeypatch):
+    from torchshard._place import cache
+
+    cache.clear()  # the check runs when a call is planned
+    monkeypatch.setattr(validate, "_warned_float64", False)
+    message = (
+        "host_arrays['y']: torch.float64 data on a torch_xla mesh; TPUs have no 64-bit floats, "
+        "so torch_xla emulates them slowly or computes in float32. Cast on the host "
+        "(x.astype(np.float32), or x.to(torch.float32)) unless 64 bits are meant; then filter "
+        "this warning: warnings.filterwarnings('ignore', "
+        "category=torchshard.errors.Float64Warning). Warned once per process."
+    )
+    batch = {"x": np.zeros((8, 2), np.float32), "y": np.zeros((8, 2), np.float64)}
+    with ts.Mesh(np.arange(8), ("data",)):
+        with pytest.warns(ts.errors.Float64Warning, match=re.escape(message)) as record:
+            ts.host_to_global_array(batch)
+            ts.host_to_global_array({"z": np.zeros(8)})  # once per process
+        assert len(record) == 1
+    assert issubclass(ts.errors.Float64Warning, UserWarning)
+
+
+@pytest.mark.xla
+def test_float32_and_narrower_do_not_warn(monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(validate, "_warned_float64", False)
+    with ts.Mesh(np.arange(8), ("data",)), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts.host_to_global_array({"x": np.zeros(8, np.float32), "i": np.zeros(8, np.int64)})
+    assert validate._warned_float64 is False

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 
 import torchshard as ts
 from torchshard.testing import host_to_global_array_per_host, virtual_hosts

@@ -1,5 +1,6 @@
-"""The pytest plugin, used from small separate test projects (pytester, in subprocesses: the
-device count is fixed per process, so every run gets a fresh interpreter)."""
+"""The pytest plugin, used from small separate test projects that ask for it (the ini option
+``spmd_devices``; pytester, in subprocesses: the device count is fixed per process, so every run
+gets a fresh interpreter). Projects that do not ask: tests/testing/test_plugin_inert.py."""
 
 from __future__ import annotations
 
@@ -65,10 +66,17 @@ WRONG_SPEC = """
 
 
 def _readme_example() -> str:
-    """The example test of the README's "Testing SPMD code on a laptop" section."""
-    text = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    """The example test of docs/testing.md ("Testing SPMD code on a laptop")."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "testing.md").read_text()
     block = text.split("<!-- example:plugin -->", 1)[1]
     return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.fixture
+def pytester(pytester):
+    """A project that asks for the plugin with 8 devices (``spmd_devices = 8``)."""
+    pytester.makeini("[pytest]\nspmd_devices = 8\n")
+    return pytester
 
 
 def _lines_of(result: pytest.RunResult) -> list[str]:
@@ -81,7 +89,9 @@ def test_make_mesh_and_assert_sharded_pass_and_the_readme_example_runs(pytester)
     result.assert_outcomes(passed=7)
     result.stdout.re_match_lines(
         [
-            re.escape("torchshard: 8 CPU-emulated SPMD devices"),
+            re.escape(
+                "torchshard: 8 CPU-emulated SPMD devices (asked for by the ini option spmd_devices)"
+            ),
             re.escape("test_readme.py::test_any_device_count[spmd4] PASSED") + ".*",
             re.escape("test_readme.py::test_any_device_count[spmd8] PASSED") + ".*",
         ]

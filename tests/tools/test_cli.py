@@ -219,8 +219,8 @@ def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
     assert result.returncode == 2
     assert result.stderr.endswith(
         "python -m torchshard bench: error: bench --plot needs matplotlib, which is not "
-        "installed; install the optional extra with `pip install 'torchshard[plot]'` (or `pip "
-        "install matplotlib`).\n"
+        "installed; install the optional extra with `pip install 'torchshard-input[plot]'` "
+        "(from a checkout: `pip install -e '.[plot]'`), or `pip install matplotlib`.\n"
     )
     assert "g2h" not in result.stdout
 
@@ -273,10 +273,16 @@ def test_bad_arguments_are_one_line_in_a_subprocess(args, command, message):
 def test_version_from_the_package_metadata():
     from importlib import metadata
 
-    from torchshard._core.version import UNKNOWN, package_version
+    from torchshard._core.version import DISTRIBUTION, UNKNOWN, package_version
 
-    assert ts.__version__ == metadata.version("torchshard")
-    assert re.fullmatch(r"\d+\.\d+\.\d+.*", ts.__version__)
+    assert DISTRIBUTION == "torchshard-input"  # the index's "torchshard" is another project
+    try:
+        installed = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # an environment installed under the old name
+        installed = UNKNOWN
+    assert ts.__version__ == installed
+    if installed != UNKNOWN:
+        assert re.fullmatch(r"\d+\.\d+\.\d+.*", ts.__version__)
     assert package_version("torchshard-no-such-distribution") == UNKNOWN
     result = _run("--version")
     assert result.returncode == 0, result.stderr
@@ -518,3 +524,21 @@ def test_layout_png_is_a_png_and_bounded(capsys, tmp_path):
         "axes",
     )
     assert not (tmp_path / "big.png").exists()
+
+
+def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatch):
+    """Before: ``bench`` with no name failed asking for the xla extra on a plain install."""
+    from torchshard._backend.xla import env
+    from torchshard._tools import cli
+    from torchshard._tools.bench import BENCHES, NEEDS_NO_XLA
+
+    monkeypatch.setattr(env, "xla_installed", lambda: False)
+    assert cli.default_bench() == "dtensor"
+    assert cli.bench_names(None) == ["dtensor"]
+    assert cli.bench_names("all") == [n for n in BENCHES if n in NEEDS_NO_XLA]
+    assert cli._default_bench_notice(BENCHES).startswith(
+        "bench: no name given, so running the short default, dtensor (host -> global on DTensor "
+        "gloo processes, and the agreement check's cost)."
+    )
+    monkeypatch.setattr(env, "xla_installed", lambda: True)
+    assert cli.bench_names(None) == ["h2g"] and cli.bench_names("all") == list(BENCHES)

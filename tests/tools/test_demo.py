@@ -16,7 +16,8 @@ from torchshard._tools._demo_common import Result
 FINAL = re.compile(
     r"^loss (\d+\.\d+) -> (\d+\.\d+) \(mean of the first and last steps\); (\d+\.\d) steps/s, "
     r"[\d,]+ examples/s after \d+\.\d s of (?:compilation|warm-up); input wait (\d+\.\d)% of "
-    r"step time$",
+    r"step time after each epoch's first batch \(loader\.stats; \d+\.\d s waited for those: the "
+    r"DataLoader workers' start\)$",
     re.M,
 )
 # Runs the command line with torch_xla hidden, as on a plain install (no torch_xla).
@@ -88,7 +89,7 @@ def test_demo_on_xla_without_torch_xla_names_the_extra():
     assert run.stderr.startswith(
         "python -m torchshard demo: error: setup_cpu_emulation (emulated XLA devices) needs "
         "torch_xla, which is not installed; install the extra with `pip install "
-        "'torchshard[xla]'`"
+        "'torchshard-input[xla]'` (from a checkout: `pip install -e '.[xla]'`)"
     )
 
 
@@ -102,7 +103,7 @@ def _args(**kwargs):
     return types.SimpleNamespace(**base)
 
 
-RESULT = Result(2.0, 1.0, 12.5, 3200.0, 0.125, 1.5)
+RESULT = Result(2.0, 1.0, 12.5, 3200.0, 0.125, 1.5, 0.8)
 
 
 def test_resolve_backend(monkeypatch):
@@ -158,7 +159,9 @@ def test_the_report_and_the_status(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert out == (
         "loss 2.0000 -> 1.0000 (mean of the first and last steps); 12.5 steps/s, 3,200 "
-        "examples/s after 1.5 s of compilation; input wait 12.5% of step time\n"
+        "examples/s after 1.5 s of compilation; input wait 12.5% of step time after each "
+        "epoch's first batch (loader.stats; 0.8 s waited for those: the DataLoader workers' "
+        "start)\n"
         "ok: the loss fell\n"
     )
     assert FINAL.search(out) and err == ""

@@ -15,7 +15,8 @@ from torchshard._tools import demo_dtensor
 FINAL = re.compile(
     r"^loss (\d+\.\d+) -> (\d+\.\d+) \(mean of the first and last steps\); (\d+\.\d) steps/s, "
     r"[\d,]+ examples/s after \d+\.\d s of (?:compilation|warm-up); input wait (\d+\.\d)% of "
-    r"step time$",
+    r"step time after each epoch's first batch \(loader\.stats; \d+\.\d s waited for those: the "
+    r"DataLoader workers' start\)$",
     re.M,
 )
 # Runs the command line with torch_xla hidden, as on a plain install (no torch_xla).

@@ -23,7 +23,8 @@ def test_save_png_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
         MissingDependencyError,
         match=re.escape(
             "ShardingLayout.save_png needs matplotlib, which is not installed; install the "
-            "optional extra with `pip install 'torchshard[plot]'` (or `pip install matplotlib`)."
+            "optional extra with `pip install 'torchshard-input[plot]'` (from a checkout: "
+            "`pip install -e '.[plot]'`), or `pip install matplotlib`."
         ),
     ):
         layout.save_png(str(tmp_path / "x.png"))
@@ -44,8 +45,9 @@ def test_require_rich_returns_rich_or_names_the_extra(monkeypatch):
     with pytest.raises(
         MissingDependencyError,
         match=re.escape(
-            "visualize_sharding(use_rich=True) needs rich, which is not installed; "
-            "`pip install 'torchshard[pretty]'`."
+            "visualize_sharding(use_rich=True) needs rich, which is not installed; install the "
+            "optional extra with `pip install 'torchshard-input[pretty]'` (from a checkout: "
+            "`pip install -e '.[pretty]'`), or `pip install rich`."
         ),
     ):
         optional.require_rich("visualize_sharding(use_rich=True)")
@@ -59,7 +61,8 @@ def test_require_matplotlib_returns_matplotlib_or_names_the_extra(monkeypatch):
         MissingDependencyError,
         match=re.escape(
             "bench --plot needs matplotlib, which is not installed; install the optional extra "
-            "with `pip install 'torchshard[plot]'` (or `pip install matplotlib`)."
+            "with `pip install 'torchshard-input[plot]'` (from a checkout: `pip install -e "
+            "'.[plot]'`), or `pip install matplotlib`."
         ),
     ) as caught:
         optional.require_matplotlib("bench --plot")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla.distributed.spmd as xs
 
 import torchshard as ts
@@ -87,7 +87,8 @@ def test_without_rich_the_default_is_plain_text(monkeypatch):
     out = io.StringIO()
     ts.visualize_sharding(layout, file=out)
     assert out.getvalue() == GRID_42 + "\n"
-    with pytest.raises(MissingDependencyError, match=re.escape("pip install 'torchshard[pretty]'")):
+    install = "pip install 'torchshard-input[pretty]'"
+    with pytest.raises(MissingDependencyError, match=re.escape(install)):
         ts.visualize_sharding(layout, file=out, use_rich=True)
 
 

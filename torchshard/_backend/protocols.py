@@ -228,7 +228,13 @@ class ProcessChecks(Protocol):
         ...
 
     def exchange(
-        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard", force: bool = False
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
+        force: bool = False,
     ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
         ``compares`` is False): the collective behind ``agree_begin``, for callers that
@@ -236,7 +242,25 @@ class ProcessChecks(Protocol):
         compared too (processes in different calls are out of step), and a process that does
         not answer within the default group's timeout makes a ``CollectiveError`` naming it.
         ``force``: exchange also with the agreement check off (on several processes), for a
-        caller that needs the others' items (a loader's end of data)."""
+        caller that needs the others' items (a loader's end of data).
+
+        ``stream``: a sequence from ``open_stream`` (then any one thread at a time may run its
+        exchanges, a loader's background thread included); default: the calling thread's."""
+        ...
+
+    def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
+        """A new sequence of exchanges for a loader's epoch, named alike on every process
+        (``None`` unless ``compares``, or ``force`` on several processes). Called in program
+        order on the thread that runs the program (a loader's ``iter()``): one exchange there,
+        which names the sequence, so that processes that are in different calls all raise
+        ``ProcessDisagreementError`` at once."""
+        ...
+
+    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
+        """Ends ``stream`` once no thread runs its exchanges any more. ``finished``: its last
+        exchange ended it on every process (the end of the source); its keys are deleted. Else
+        (an epoch ended early, ``taken`` batches taken) the processes still waiting in, or yet
+        to reach, its next exchange raise ``CollectiveError`` naming this process at once."""
         ...
 
     def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:

@@ -62,6 +62,11 @@ class WorkerProcessError(ValueError):
     """``sharded_collate`` ran in a DataLoader worker process, where XLA tensors cannot be made."""
 
 
+class Float64Warning(UserWarning):
+    """float64 (or complex128) data placed on a torch_xla mesh: TPUs have no float64 (warned once
+    per process; cast on the host, or filter this warning where float64 is meant)."""
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency needed by the requested feature is not installed."""
 
@@ -92,6 +97,7 @@ for _cls in (
     WorkerProcessError,
     MissingDependencyError,
     ChildFailedError,
+    Float64Warning,
 ):
     _cls.__module__ = "torchshard.errors"
 del _cls

@@ -121,7 +121,7 @@ class ShardingLayout:
         return self.to_text()
 
     def save_png(self, path: str, *, dpi: int = 120) -> None:
-        """Draws the layout into a PNG file (needs matplotlib: ``pip install torchshard[plot]``).
+        """Draws the layout into a PNG file (needs matplotlib: the extra ``plot``).
 
         Blocks are drawn to scale in array coordinates (dim 0 down, dim 1 across), coloured
         by host and labelled with their devices; ranks other than 1 and 2 become a table.

@@ -114,9 +114,35 @@ def data_partition_type_to_spec(partition: Any) -> Any:
         return _one(partition)
     if not _is_tree_node(partition):
         raise unsupported_partition(partition)
+    if _looks_like_spec_entries(partition):
+        spec = ", ".join(repr(e) for e in partition)
+        raise UnsupportedPartitionError(
+            f"partition={partition!r}: a {type(partition).__name__} of mesh axis names is not a "
+            "partition (a tuple or list is a tree prefix of the data, one partition per "
+            "element). It reads as the entries of one PartitionSpec, as xs.ShardingSpec's "
+            f"partition_spec is written: write P({spec}) (from torchshard import P)."
+        )
     leaves, treespec = flatten(partition, is_leaf=_is_partition_leaf)
     where = LazyPaths(treespec, "partition")
     return unflatten(treespec, [_one(x, where[i]) for i, x in enumerate(leaves)])
+
+
+def _looks_like_spec_entries(x: Any) -> bool:
+    """A plain tuple or list of axis names (str, ``None``, tuples of str), one a str: the
+    entries of a ``PartitionSpec`` written without ``P``."""
+
+    def entry(e: Any) -> bool:
+        if isinstance(e, DataPartitionType | PartitionSpec):  # P is a tuple
+            return False
+        if isinstance(e, tuple) and not optree.is_namedtuple(e):
+            return bool(e) and all(isinstance(a, str) for a in e)
+        return e is None or isinstance(e, str)
+
+    if not isinstance(x, tuple | list) or isinstance(x, PartitionSpec) or optree.is_namedtuple(x):
+        return False
+    if not x:
+        return False
+    return all(entry(e) for e in x) and any(e is not None for e in x)
 
 
 def _is_tree_node(x: Any) -> bool:

@@ -316,6 +316,9 @@ def _prefix_error(
     prefix_name: str,
     full_name: str,
 ) -> TreeStructureError:
+    found = _first_difference(prefix, full, leaf_test, prefix_name, full_name, "")
+    if found is not None:
+        return TreeStructureError(found)
     errors = optree.prefix_errors(
         prefix, full, is_leaf=leaf_test, none_is_leaf=False, namespace=NAMESPACE
     )
@@ -327,3 +330,81 @@ def _prefix_error(
         f"{prefix_name} must be a tree prefix of {full_name}, but it is not.\n{detail}\n"
         f"{prefix_name} tree: {prefix_spec}\n{full_name} tree: {structure(full)}"
     )
+
+
+def _first_difference(
+    prefix: Any,
+    full: Any,
+    leaf_test: Callable[[Any], bool],
+    prefix_name: str,
+    full_name: str,
+    path: str,
+) -> str | None:
+    """The first place where ``prefix`` is not a prefix of ``full``, said in one sentence with
+    the fix (dicts: the keys one has and the other lacks; lists and tuples: the lengths), or
+    ``None`` where the difference is of another kind (then the trees are printed)."""
+    if leaf_test(prefix):
+        return None
+    where = f"{prefix_name}{path}" if path else prefix_name
+    if isinstance(prefix, dict) and isinstance(full, dict):
+        extra = [k for k in prefix if k not in full]
+        missing = [k for k in full if k not in prefix]
+        if extra or missing:
+            parts = []
+            if extra:
+                parts.append(f"has {_keys(extra)} that {full_name}{path} lacks")
+            if missing:
+                parts.append(f"lacks {_keys(missing)}")
+            hint = ""
+            if extra and missing:
+                import difflib
+
+                close = difflib.get_close_matches(str(extra[0]), [str(k) for k in missing], n=1)
+                if close:
+                    hint = f" (did you mean {close[0]!r} for {extra[0]!r}?)"
+            return (
+                f"{where} must be a tree prefix of {full_name}{path}, but it {' and '.join(parts)}"
+                f"{hint}. A dict of specs names exactly the keys of the data "
+                f"({full_name}{path} has {_keys(list(full))}); to give a whole dict one spec, "
+                "pass that spec instead of the dict."
+            )
+        for k in prefix:
+            sub = _first_difference(
+                prefix[k], full[k], leaf_test, prefix_name, full_name, f"{path}[{k!r}]"
+            )
+            if sub is not None:
+                return sub
+        return None
+    plain = (list, tuple)
+    if (
+        isinstance(prefix, plain)
+        and isinstance(full, plain)
+        and not optree.is_namedtuple(prefix)
+        and not optree.is_namedtuple(full)
+    ):
+        if type(prefix) is not type(full) or len(prefix) != len(full):
+            return (
+                f"{where} must be a tree prefix of {full_name}{path}, but it is a "
+                f"{type(prefix).__name__} of {len(prefix)} where {full_name}{path} is a "
+                f"{type(full).__name__} of {len(full)}; give one spec per element, in a "
+                f"{type(full).__name__}, or one spec for the whole {type(full).__name__}."
+            )
+        for i, (a, b) in enumerate(zip(prefix, full, strict=True)):
+            sub = _first_difference(a, b, leaf_test, prefix_name, full_name, f"{path}[{i}]")
+            if sub is not None:
+                return sub
+        return None
+    if isinstance(prefix, dict) != isinstance(full, dict):
+        return (
+            f"{where} must be a tree prefix of {full_name}{path}, but it is a "
+            f"{type(prefix).__name__} where {full_name}{path} is a {type(full).__name__}; give "
+            f"the specs in a {type(full).__name__} of the same structure, or one spec for the "
+            "whole subtree."
+        )
+    return None
+
+
+def _keys(keys: list[Any]) -> str:
+    shown = ", ".join(repr(k) for k in keys[:8])
+    more = f" and {len(keys) - 8} more" if len(keys) > 8 else ""
+    return f"key{'s' if len(keys) != 1 else ''} {shown}{more}"

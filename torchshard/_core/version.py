@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from importlib import metadata
 
-DISTRIBUTION = "torchshard"
+# The distribution's name on the package index (docs/design.md, "The distribution's name"):
+# the index's "torchshard" is another project. The import name stays ``torchshard``.
+DISTRIBUTION = "torchshard-input"
 UNKNOWN = "0+unknown"
+
+
+def pip_install(extra: str) -> str:
+    """The command that installs this project with ``extra``, from the index and from a
+    checkout, as a message says it: ``pip install 'torchshard-input[xla]'`` (from a
+    checkout: ``pip install -e '.[xla]'``)."""
+    return (
+        f"`pip install '{DISTRIBUTION}[{extra}]'` (from a checkout: `pip install -e '.[{extra}]'`)"
+    )
 
 
 def package_version(distribution: str = DISTRIBUTION) -> str:

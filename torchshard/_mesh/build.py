@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from torchshard._backend.registry import lookup
+from torchshard._backend.registry import default_name, lookup
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 
@@ -113,7 +113,7 @@ def create_device_mesh(
     axis_names: Sequence[str],
     *,
     devices: Sequence[int] | np.ndarray | None = None,
-    backend: str = "xla",
+    backend: str | None = None,
 ) -> Mesh:
     """A ``Mesh`` of ``mesh_shape`` over ``devices`` (default: every device of the run).
 
@@ -127,9 +127,12 @@ def create_device_mesh(
     ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; both work on the CPU,
     including under ``torchshard.testing.virtual_hosts``.
 
-    With ``backend="dtensor"`` the devices are the ranks of torch.distributed's default
-    process group (one device per process) and the mesh carries a ``DeviceMesh`` built with
-    ``init_device_mesh`` (every rank must call this, as for any DeviceMesh).
+    ``backend``: ``"xla"`` (torch_xla SPMD) or ``"dtensor"``; by default the process's
+    (``torchshard.Mesh``'s default): torch_xla when it is imported, else DTensor once
+    torch.distributed's default process group exists, else torch_xla when it is installed,
+    else DTensor. With DTensor the devices are the ranks of the default process group (one
+    device per process) and the mesh carries a ``DeviceMesh`` built with ``init_device_mesh``
+    (every rank must call this, as for any DeviceMesh).
 
     Example:
         >>> mesh = torchshard.create_device_mesh((-1, 2), ("data", "model"))
@@ -141,7 +144,8 @@ def create_device_mesh(
                [4, 5],
                [6, 7]])
 
-    Example (on each of 4 processes, after ``torch.distributed.init_process_group("gloo")``)::
+    Example (on each of 4 processes, after ``torch.distributed.init_process_group("gloo")``;
+    without torch_xla ``backend="dtensor"`` is the default)::
 
         mesh = torchshard.create_device_mesh((2, 2), ("data", "model"), backend="dtensor")
         mesh.devices.tolist()  # [[0, 1], [2, 3]]: the ranks
@@ -149,6 +153,17 @@ def create_device_mesh(
     """
     if not isinstance(mesh_shape, HybridMeshShape):
         mesh_shape = _checked_shape(mesh_shape, "create_device_mesh: mesh_shape")
+    ndim = len(mesh_shape)
+    names_ = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    if len(names_) != ndim:
+        raise ValueError(
+            f"create_device_mesh: mesh_shape has {ndim} axes ({_shown(mesh_shape)}), but "
+            f"axis_names has {len(names_)} ({names_!r}); give one name per axis, e.g. "
+            f"create_device_mesh({_shown(mesh_shape)}, {_names_for(names_, ndim)!r}) or "
+            f"create_device_mesh({_shape_for(len(names_))}, {names_!r})."
+        )
+    if backend is None:
+        backend = default_name()
     runtime = lookup(backend)
     # The named backend's devices (or their emulation), whatever the default backend is.
     topology = current_topology(backend=backend)
@@ -162,12 +177,56 @@ def create_device_mesh(
     else:
         shape = infer_mesh_shape(mesh_shape, num_devices=ids.size)
         if math.prod(shape) != ids.size:
-            raise ValueError(
-                f"mesh shape {shape} has {math.prod(shape)} devices, but {ids.size} devices were "
-                "given; a mesh must cover every device."
-            )
+            raise ValueError(_count_mismatch(shape, ids.size, backend, given=devices is not None))
         grid = _split_over_hosts(shape, ids, topology.device_process)
-    return Mesh.of(runtime.meshes.create(np.asarray(grid, dtype=np.int64), tuple(axis_names)))
+    return Mesh.of(runtime.meshes.create(np.asarray(grid, dtype=np.int64), names_))
+
+
+def _shown(mesh_shape: Any) -> str:
+    if isinstance(mesh_shape, HybridMeshShape):
+        return f"ici {mesh_shape.ici_mesh_shape}, dcn {mesh_shape.dcn_mesh_shape}"
+    return str(tuple(mesh_shape))
+
+
+def _shape_for(n: int) -> tuple[int, ...]:
+    """A shape with ``n`` axes that fits any device count: ``(-1, 1, ...)``."""
+    return (-1, *([1] * (n - 1))) if n else ()
+
+
+def _names_for(names: tuple[Any, ...], n: int) -> tuple[Any, ...]:
+    """``names`` cut or extended to ``n`` distinct names."""
+    extra = [f for f in ("data", "model", "expert", "seq", "fsdp") if f not in names]
+    extra += [f"axis{i}" for i in range(n)]
+    return (names + tuple(extra))[:n]
+
+
+def _count_mismatch(shape: tuple[int, ...], count: int, backend: str, *, given: bool) -> str:
+    """The error of a mesh shape whose device count is not the run's (or ``devices=``'s)."""
+    need = math.prod(shape)
+    head = f"create_device_mesh: mesh shape {shape} has {need} devices"
+    if given:
+        return (
+            f"{head}, but devices= gives {count}; a mesh covers exactly the devices given: pass "
+            f"{need} device ids, or a shape with -1 (e.g. {(-1, *shape[1:])}) to fit {count}."
+        )
+    if backend == "xla":
+        fix = (
+            f"On a CPU, emulate {need} devices: call torchshard.setup_cpu_emulation({need}) "
+            f"before torch_xla starts (or run with PJRT_DEVICE=CPU CPU_NUM_DEVICES={need}); on "
+            "a TPU, use a shape of this host's devices"
+        )
+        where = f"torch_xla's runtime has {count} device{'s' if count != 1 else ''}"
+    else:
+        fix = (
+            f"Start {need} processes (e.g. torchrun --nproc-per-node {need} train.py; the "
+            "dtensor backend has one device per process)"
+        )
+        ranks = f"{count} rank{'s' if count != 1 else ''}"
+        where = f"torch.distributed's default process group has {ranks}"
+    return (
+        f"{head}, but {where}; a mesh covers every device of the run. {fix}, or a shape with -1 "
+        f"(e.g. {(-1, *shape[1:])}) to fit any count."
+    )
 
 
 def _granules(ids: np.ndarray, device_process: Sequence[int]) -> list[list[int]]:

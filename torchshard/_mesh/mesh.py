@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from torchshard._backend.registry import lookup, names
+from torchshard._backend.registry import default_name, lookup, names
 from torchshard._core import mesh as value
 from torchshard._core.topology import Topology
 from torchshard._mesh import context
@@ -25,7 +25,10 @@ class Mesh(value.Mesh):
             appears once. The mesh must cover every device of the runtime (checked when the
             mesh is entered or used).
         axis_names: one distinct name per dimension of ``devices``.
-        backend: ``"xla"`` (torch_xla SPMD, the default) or ``"dtensor"``.
+        backend: ``"xla"`` (torch_xla SPMD) or ``"dtensor"``. Default: the process's
+            backend: torch_xla when it is imported, else DTensor once torch.distributed's
+            default process group exists, else torch_xla when it is installed, else DTensor
+            (a plain install needs no torch_xla).
 
     On the ``"dtensor"`` backend, entering a mesh built by hand (``with mesh:``) builds its
     ``DeviceMesh`` the first time, which is collective: every process must enter it. A process
@@ -56,9 +59,11 @@ class Mesh(value.Mesh):
         devices: Any,
         axis_names: Any,
         *,
-        backend: str = "xla",
+        backend: str | None = None,
         native: Any = None,
     ) -> None:
+        if backend is None:
+            backend = default_name()
         super().__init__(devices, axis_names, backend=backend, native=native)
         known = names()
         if backend not in known:

@@ -10,6 +10,7 @@ report the same errors. Errors name the leaf's path.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 from torchshard._backend.protocols import Backend
 from torchshard._core import checks
 from torchshard._core.blocks import HostPlan, SharedBlock, plan_from_local, shared_blocks
-from torchshard._core.errors import ShardingError, TreeStructureError, at
+from torchshard._core.errors import Float64Warning, ShardingError, TreeStructureError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to_spec
 from torchshard._core.sharding import DimAxes, NamedSharding
@@ -50,6 +51,8 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
     done = already_global(mesh, backend, call, specs, given)
     tensors = call.tensors = host_tensors(call, done)
     check_host_leaves(call, tensors, done)
+    if mesh.backend == "xla":
+        warn_float64(tensors[0], paths)
     shapes = [tuple(t.shape) for t in tensors[0]]
     if full and done:  # a global leaf is not a host batch
         host = [i for i in range(n) if i not in done]
@@ -72,6 +75,35 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
         )
         shared = tuple(entry for entry in found if entry[2])
     return CallPlan(plans, slot, shared)
+
+
+_WIDE = (torch.float64, torch.complex128)
+_warned_float64 = False
+
+
+def warn_float64(tensors: Sequence[torch.Tensor], paths: Any) -> None:
+    """Warns once per process (``Float64Warning``) when a leaf placed on a torch_xla mesh is
+    float64 or complex128: TPUs have no 64-bit floats (docs/design.md, "float64 on torch_xla")."""
+    global _warned_float64
+    if _warned_float64:
+        return
+    for i, t in enumerate(tensors):
+        if t.dtype in _WIDE:
+            _warned_float64 = True
+            narrow = "float32" if t.dtype == torch.float64 else "complex64"
+            warnings.warn(
+                at(
+                    paths[i],
+                    f"{t.dtype} data on a torch_xla mesh; TPUs have no 64-bit floats, so "
+                    f"torch_xla emulates them slowly or computes in {narrow}. Cast on the host "
+                    f"(x.astype(np.{narrow}), or x.to(torch.{narrow})) unless 64 bits are meant; "
+                    "then filter this warning: warnings.filterwarnings('ignore', "
+                    "category=torchshard.errors.Float64Warning). Warned once per process.",
+                ),
+                Float64Warning,
+                stacklevel=2,
+            )
+            return
 
 
 def plan_leaf(

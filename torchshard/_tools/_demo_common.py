@@ -72,7 +72,9 @@ def mlp() -> torch.nn.Module:
 
 @dataclasses.dataclass
 class Result:
-    """What a demo run measured."""
+    """What a demo run measured. ``input_wait_fraction`` is the loader's own figure
+    (``LoaderStats.input_wait_fraction``: the share of step time spent waiting for input after
+    each epoch's first batch); ``warmup_wait_seconds`` the wait for those first batches."""
 
     first_loss: float
     last_loss: float
@@ -80,6 +82,7 @@ class Result:
     examples_per_second: float
     input_wait_fraction: float
     warmup_seconds: float
+    warmup_wait_seconds: float = 0.0
 
     @property
     def loss_fell(self) -> bool:
@@ -89,3 +92,9 @@ class Result:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
+
+
+def _input_wait(stats: Any) -> str:
+    """The progress line's input wait: the loader's own figure (``LoaderStats``)."""
+    fraction = stats.input_wait_fraction
+    return "" if fraction != fraction else f"input wait {fraction:5.1%}"  # nan: not yet

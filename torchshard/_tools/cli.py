@@ -28,6 +28,8 @@ from typing import Any, NoReturn
 # ``bench`` with no name runs this one (host -> global, the library's main call, against
 # torch_xla's two ways of doing it): short, and the comparison most readers want first.
 DEFAULT_BENCH = "h2g"
+# ... and this one without torch_xla (a plain install): host -> global on DTensor.
+DEFAULT_BENCH_DTENSOR = "dtensor"
 # ``layout`` describes at most this many devices: 65,536 take about 10 s and print as many
 # table rows; a 2048 x 2048 mesh (4 M devices) would take minutes and gigabytes.
 MAX_LAYOUT_DEVICES = 65_536
@@ -212,8 +214,14 @@ def _bench(args: argparse.Namespace) -> int:
             check_output_path(path)
     if args.name is None:
         print(_default_bench_notice(BENCHES), file=sys.stderr)
-    name = DEFAULT_BENCH if args.name is None else args.name
-    names = list(BENCHES) if name == "all" else [name]
+    names = bench_names(args.name)
+    if args.name == "all" and len(names) < len(BENCHES):
+        skipped = ", ".join(n for n in BENCHES if n not in names)
+        print(
+            f"bench all: torch_xla is not installed, so only the benches that need none run "
+            f"({', '.join(names)}); skipped: {skipped}",
+            file=sys.stderr,
+        )
     if args.plot:
         from torchshard._tools.bench._plot import check_plot_available
 
@@ -261,11 +269,35 @@ def _bench(args: argparse.Namespace) -> int:
     return verdict(report, strict=args.strict)
 
 
+def default_bench() -> str:
+    """The bench that ``bench`` runs without a name: ``h2g``, or ``dtensor`` without torch_xla."""
+    from torchshard._backend.xla.env import xla_installed
+
+    return DEFAULT_BENCH if xla_installed() else DEFAULT_BENCH_DTENSOR
+
+
+def bench_names(name: str | None) -> list[str]:
+    """The benches ``bench NAME`` runs: ``all`` is every one (without torch_xla, every one that
+    needs none); no name is ``default_bench()``."""
+    from torchshard._backend.xla.env import xla_installed
+    from torchshard._tools.bench import BENCHES, NEEDS_NO_XLA
+
+    if name == "all":
+        return [n for n in BENCHES if xla_installed() or n in NEEDS_NO_XLA]
+    return [default_bench() if name is None else name]
+
+
 def _default_bench_notice(benches: dict[str, str]) -> str:
-    others = ", ".join(n for n in benches if n != DEFAULT_BENCH)
+    default = default_bench()
+    others = ", ".join(n for n in benches if n != default)
+    what = (
+        "host -> global against torch_xla's two ways"
+        if default == DEFAULT_BENCH
+        else "host -> global on DTensor gloo processes, and the agreement check's cost"
+    )
     return (
-        f"bench: no name given, so running the short default, {DEFAULT_BENCH} (host -> "
-        f"global against torch_xla's two ways). Others: {others}. `bench all` runs all "
+        f"bench: no name given, so running the short default, {default} ({what}). "
+        f"Others: {others}. `bench all` runs all "
         f"{len(benches)} one after another (a 2,000-batch soak and gloo process groups of 2 "
         "and 4 among them): many minutes on a small machine, each bench's seconds recorded in "
         "the --json file; `--quick` checks that they run, in seconds each."
@@ -393,8 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         parents=[common],
         help="run benchmarks, print figures and ratios",
-        description=f"Without a name, runs the short default ({DEFAULT_BENCH}); `all` runs "
-        "every bench one after another (many minutes).",
+        description=f"Without a name, runs the short default ({DEFAULT_BENCH}; without "
+        f"torch_xla, {DEFAULT_BENCH_DTENSOR}); `all` runs every bench one after another (many "
+        "minutes).",
     )
     bench.add_argument("name", nargs="?", default=None, choices=[*BENCHES, "all"])
     bench.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
@@ -470,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":  # the DTensor benchmarks run gloo processes only
             from torchshard._tools.bench import NEEDS_NO_XLA
 
-            args.needs_runtime = (args.name or DEFAULT_BENCH) not in NEEDS_NO_XLA
+            args.needs_runtime = any(n not in NEEDS_NO_XLA for n in bench_names(args.name))
         if getattr(args, "needs_runtime", True):
             from torchshard._backend.xla.env import setup_cpu_emulation
 

@@ -33,6 +33,7 @@ from torchshard._tools._demo_common import (
     FEATURES,
     Result,
     SyntheticClassification,
+    _input_wait,
     _mean,
     check_worker,
     host_loader,
@@ -102,7 +103,7 @@ def train(
         model = mlp().to(device)  # replicated: every device holds the parameters
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         t_start = time.perf_counter()
-        t_warm, wait_warm, step, epoch = t_start, 0.0, 0, 0
+        t_warm, step, epoch = t_start, 0, 0
         while step < steps:
             for sampler in samplers:
                 sampler.set_epoch(epoch)
@@ -117,22 +118,21 @@ def train(
                 step += 1
                 if step == warmup:
                     xm.wait_device_ops()
-                    t_warm, wait_warm = time.perf_counter(), loader.stats.wait_seconds
+                    t_warm = time.perf_counter()
                 if step % every == 0 or step == steps:
                     losses += [t.item() for _, t in pending]
                     pending.clear()
                     elapsed = time.perf_counter() - t_warm
                     done = step - warmup
-                    wait = loader.stats.wait_seconds - wait_warm
+                    frac = _input_wait(loader.stats)
                     rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
-                    frac = f"input wait {wait / elapsed:5.1%}" if done > 0 else ""
                     log(f"step {step:>5}/{steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
                 if step == steps:
                     break
             epoch += 1
         xm.wait_device_ops()
         elapsed = time.perf_counter() - t_warm
-        wait = loader.stats.wait_seconds - wait_warm
+        stats = loader.stats
     timed = max(steps - warmup, 1)
     window = max(1, min(10, steps // 5))
     return Result(
@@ -140,8 +140,9 @@ def train(
         last_loss=_mean(losses[-window:]),
         steps_per_second=timed / elapsed,
         examples_per_second=timed * batch_size / elapsed,
-        input_wait_fraction=wait / elapsed,
+        input_wait_fraction=stats.input_wait_fraction,
         warmup_seconds=t_warm - t_start,
+        warmup_wait_seconds=stats.warmup_wait_seconds,
     )
 
 
@@ -203,7 +204,8 @@ def main(args: Any) -> int:
         f"loss {r.first_loss:.4f} -> {r.last_loss:.4f} (mean of the first and last steps); "
         f"{r.steps_per_second:.1f} steps/s, {r.examples_per_second:,.0f} examples/s after "
         f"{r.warmup_seconds:.1f} s of {warmup}; input wait {r.input_wait_fraction:.1%} of "
-        "step time"
+        f"step time after each epoch's first batch (loader.stats; {r.warmup_wait_seconds:.1f} s "
+        "waited for those: the DataLoader workers' start)"
     )
     if not r.loss_fell:
         print("FAILED: the loss did not fall", file=sys.stderr)

@@ -29,6 +29,7 @@ import torch
 from torchshard._tools._demo_common import (
     Result,
     SyntheticClassification,
+    _input_wait,
     _mean,
     host_loader,
     mlp,
@@ -48,6 +49,8 @@ class Settings:
     workers: int
     lr: float
     seed: int
+    agreement_check: bool = True
+    quiet: bool = False
 
 
 def mesh_shape(processes: int) -> tuple[int, int]:
@@ -71,9 +74,10 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
         timeout=COLLECTIVE_TIMEOUT,
     )
     log: Callable[[str], None] = (
-        (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
+        (lambda msg: print(msg, flush=True)) if rank == 0 and not s.quiet else (lambda msg: None)
     )
     try:
+        ts.set_agreement_check(s.agreement_check)
         torch.manual_seed(s.seed)
         mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
         steps_per_epoch = 64
@@ -96,7 +100,7 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
         losses: list[float] = []
         with mesh, ts.GlobalBatchLoader(source) as loader:
             t_start = time.perf_counter()
-            t_warm, wait_warm, step, epoch = t_start, 0.0, 0, 0
+            t_warm, step, epoch = t_start, 0, 0
             while step < s.steps:
                 sampler.set_epoch(epoch)
                 for batch in loader:  # DTensors, dim 0 split over every process
@@ -110,19 +114,18 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
                     losses.append(mean.item() / s.processes)
                     step += 1
                     if step == warmup:
-                        t_warm, wait_warm = time.perf_counter(), loader.stats.wait_seconds
+                        t_warm = time.perf_counter()
                     if step % every == 0 or step == s.steps:
                         elapsed = time.perf_counter() - t_warm
                         done = step - warmup
-                        wait = loader.stats.wait_seconds - wait_warm
+                        frac = _input_wait(loader.stats)
                         rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
-                        frac = f"input wait {wait / elapsed:5.1%}" if done > 0 else ""
                         log(f"step {step:>5}/{s.steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
                     if step == s.steps:
                         break
                 epoch += 1
             elapsed = time.perf_counter() - t_warm
-            wait = loader.stats.wait_seconds - wait_warm
+            stats = loader.stats
         if rank == 0:
             timed = max(s.steps - warmup, 1)
             window = max(1, min(10, s.steps // 5))
@@ -132,8 +135,9 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
                     last_loss=_mean(losses[-window:]),
                     steps_per_second=timed / elapsed,
                     examples_per_second=timed * s.batch_size / elapsed,
-                    input_wait_fraction=wait / elapsed,
+                    input_wait_fraction=stats.input_wait_fraction,
                     warmup_seconds=t_warm - t_start,
+                    warmup_wait_seconds=stats.warmup_wait_seconds,
                 )
             )
     finally:
@@ -149,11 +153,15 @@ def train(
     lr: float = 3e-3,
     seed: int = 0,
     timeout: float = 900.0,
+    agreement_check: bool = True,
+    quiet: bool = False,
 ) -> Result:
     """Trains the MLP over ``processes`` gloo processes (started with ``spawn``); rank 0
-    prints the progress lines. Raises ``RuntimeError`` when a process fails or the run takes
-    longer than ``timeout`` seconds (the processes are then stopped)."""
-    s = Settings(processes, steps, batch_size, workers, lr, seed)
+    prints the progress lines (unless ``quiet``). ``agreement_check``: each process's
+    ``set_agreement_check`` (``bench dtensor_loader`` compares both). Raises ``RuntimeError``
+    when a process fails or the run takes longer than ``timeout`` seconds (the processes are
+    then stopped)."""
+    s = Settings(processes, steps, batch_size, workers, lr, seed, agreement_check, quiet)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory(prefix="torchshard-demo-") as tmp:

@@ -10,6 +10,7 @@ import importlib.util
 from typing import Any
 
 from torchshard._core.errors import MissingDependencyError
+from torchshard._core.version import pip_install
 
 
 def has_rich() -> bool:
@@ -29,7 +30,7 @@ def require_matplotlib(feature: str) -> Any:
     except ImportError:
         raise MissingDependencyError(
             f"{feature} needs matplotlib, which is not installed; install the optional extra "
-            "with `pip install 'torchshard[plot]'` (or `pip install matplotlib`)."
+            f"with {pip_install('plot')}, or `pip install matplotlib`."
         ) from None
     return matplotlib
 
@@ -40,6 +41,7 @@ def require_rich(feature: str) -> Any:
         import rich
     except ImportError:
         raise MissingDependencyError(
-            f"{feature} needs rich, which is not installed; `pip install 'torchshard[pretty]'`."
+            f"{feature} needs rich, which is not installed; install the optional extra with "
+            f"{pip_install('pretty')}, or `pip install rich`."
         ) from None
     return rich

@@ -1,32 +1,42 @@
 """One epoch of a ``GlobalBatchLoader`` (``Epoch``): the consumer's side of the prefetch.
 
 ``next()`` takes the next batch the ``Producer`` made (from the ``Prefetcher``'s thread, or
-made in place with ``prefetch=0``), runs the backend's agreement step on that batch's outcome
-(a collective on every process, in program order: never on the loader's thread, whose progress
-differs from process to process), counts it and moves the epoch's ``Cursor``. The epoch knows
-the loader only through what it was given (producer, counters, cursor).
+made in place with ``prefetch=0``), already agreed on by the processes when they compare (the
+producer exchanges each batch's outcome on the epoch's ``Stream``, off the step's path), counts
+it and moves the epoch's ``Cursor``. Closing the epoch ends its stream once the thread has
+stopped. The epoch knows the loader only through what it was given (producer, counters,
+cursor).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torchshard._backend.protocols import Backend
-from torchshard._core.agreement import outcome_disagreement, value_check_enabled
+from torchshard._core.agreement import value_check_enabled
 from torchshard._core.context import thread_mesh
-from torchshard._core.errors import ProcessDisagreementError
 from torchshard._core.mesh import Mesh
-from torchshard.data._ends import settle
 from torchshard.data._position import Cursor
 from torchshard.data._prefetch import Prefetcher
-from torchshard.data._producer import OUTCOME, Ended, Made, Producer
+from torchshard.data._producer import LOCATED, Ended, Made, Producer, Stream
 from torchshard.data._sampler import HostSampler
 from torchshard.data._stats import Counters
+
+
+def _close(prefetcher: Prefetcher[Any] | None, stream: Stream | None, wait: bool = True) -> None:
+    """Stops the thread, then ends the stream, unless the thread is still running (blocked in
+    the source: its exchanges may still come). ``wait=False``: an abandoned epoch's finalizer,
+    which does not join a thread blocked in the source."""
+    if prefetcher is not None:
+        prefetcher.close(wait=wait)
+        if prefetcher.alive:
+            return
+    if stream is not None:
+        stream.close()
 
 
 @contextlib.contextmanager
@@ -53,6 +63,8 @@ class Epoch(Iterator[Any]):
             read the same shard count once); ``None``: the position is not kept.
         samplers: the sources' ``HostSampler``s (their pass restarts at 0 after the epoch).
         prefetch_bytes: the most bytes of batches made ahead (``None``: only ``prefetch``).
+        warmup: how many first batches are the warm-up (1; a DataLoader's worker count when it
+            has workers: each worker's first batch waits for that worker's start).
     """
 
     def __init__(
@@ -66,7 +78,9 @@ class Epoch(Iterator[Any]):
         share: tuple[int, int] | None = None,
         samplers: list[HostSampler] | None = None,
         prefetch_bytes: int | None = None,
+        warmup: int = 1,
     ) -> None:
+        self._warmup = warmup
         self._mesh = producer.mesh
         self._backend = producer.backend
         self._counters = counters
@@ -79,10 +93,13 @@ class Epoch(Iterator[Any]):
         self._share = share
         self._samplers = samplers or []
         self._next = producer.first
+        self._stream = producer.stream
         self._producer: Producer | None = producer
         self._prefetcher: Prefetcher[Any] | None = None
         self._closed = False
         self._ended_by: str | None = None  # what ended it mid-epoch (``end``), for next()
+        self._handed: float | None = None  # when the last batch was handed over (perf_counter)
+        self._taken = 0  # batches handed over in this epoch
         if prefetch:
             mesh, first = producer.mesh, producer.first
             producer.background = True
@@ -97,9 +114,9 @@ class Epoch(Iterator[Any]):
                 size=lambda made: made.nbytes if isinstance(made, Made) else 0,
             )
             self._producer = None  # the thread owns it now
-            # Not joined when abandoned (collected, or at exit after Ctrl-C): joining a thread
-            # blocked in a slow source held the exit up 10 s per epoch (22-31 s seen).
-            weakref.finalize(self, functools.partial(self._prefetcher.close, wait=False))
+        # Not joined when abandoned (collected, or at exit after Ctrl-C): joining a thread
+        # blocked in a slow source held the exit up 10 s per epoch (22-31 s seen).
+        weakref.finalize(self, _close, self._prefetcher, self._stream, False)
 
     def __iter__(self) -> Epoch:
         return self
@@ -122,29 +139,20 @@ class Epoch(Iterator[Any]):
             else:
                 made = self._produce_here()
         except StopIteration as end:
-            ended = end.value if isinstance(end.value, Ended) else Ended(None, None)
+            ended = end.value if isinstance(end.value, Ended) else Ended(None)
             self.close()
-            self._agree(ended.outcome, None, None)
             self._stop(ended.snapshot)
             raise StopIteration from None
-        except Exception as e:
-            self.close()
-            self._agree(getattr(e, OUTCOME, None), None, e)
-            raise
         except BaseException:
             self.close()
             raise
-        try:
-            settled = self._agree(made.outcome, made.where, None)
-        except BaseException:
-            self.close()
-            raise
+        settled = made.settled  # (stop, real rows per process), agreed by the producer
         if settled is not None and settled[0]:  # every process stops here (drop or pad)
             self.close()
             self._stop(made.snapshot if self._policy == "pad" else None)
             raise StopIteration
         try:
-            if made.outcome is not None and value_check_enabled():
+            if made.compared and value_check_enabled():
                 what = f"GlobalBatchLoader: batch {self._next}"
                 checks = self._backend.processes
                 if checks is not None:
@@ -155,11 +163,22 @@ class Epoch(Iterator[Any]):
             raise
         if made.ready is not None:  # this thread's stream waits for this batch's copies
             made.ready()
-        self._counters.add(batches=1, wait_seconds=time.perf_counter() - t0)
+        now = time.perf_counter()
+        handed = self._handed
+        if handed is None or self._taken < self._warmup:  # the epoch's warm-up batch(es)
+            self._counters.add(
+                batches=1, wait_seconds=now - t0, warmup_batches=1, warmup_wait_seconds=now - t0
+            )
+        else:  # a step: from the previous hand-over to this one
+            self._counters.add(batches=1, wait_seconds=now - t0, step_seconds=now - handed)
+        self._handed = now
+        self._taken += 1
         rows = sum(settled[1]) if settled is not None else self._processes * made.rows
         self._yielded += made.rows
         self._cursor.advance(made.snapshot, self._examples(rows))
         self._next += 1
+        if self._stream is not None:
+            self._stream.taken += 1
         return made.batch
 
     def _examples(self, rows: int) -> int:
@@ -181,47 +200,6 @@ class Epoch(Iterator[Any]):
             sampler.resume(sampler.epoch, 0)
         self._cursor.end(snapshot)
 
-    def _agree(
-        self,
-        outcome: list[str] | None,
-        where: Callable[[int], str] | None,
-        error: BaseException | None,
-    ) -> tuple[bool, list[int]] | None:
-        """The agreement step on batch ``self._next``'s outcome (a collective on every process,
-        in program order): raises ``ProcessDisagreementError`` on every process whose outcome is
-        a batch or the end when the outcomes differ; a process whose outcome is ``error`` gets
-        a note on it instead (its caller re-raises it). With ``last_batch="drop"``/``"pad"`` on
-        several processes it runs also with the agreement check off, and returns ``(stop, real
-        rows per process)``: every process stops, or goes on, at the same batch."""
-        if outcome is None:
-            return None
-        what = f"GlobalBatchLoader: batch {self._next}"
-        checks = self._backend.processes
-        if checks is None:
-            return None
-        every = checks.exchange(self._mesh, outcome, what=what, force=self._exchange)
-        paths = where or (lambda i: f"GlobalBatchLoader: batch {self._next}: leaf {i}")
-        if self._exchange:
-            try:
-                return settle(
-                    self._policy,
-                    every if every is not None else [outcome] * self._processes,
-                    what=what,
-                    where=paths,
-                )
-            except ProcessDisagreementError as differ:
-                if error is None:
-                    raise
-                error.add_note(f"(the other processes' outcomes differ: {differ})")
-                return None
-        if every is None:
-            return None
-        problem = outcome_disagreement(what, every, paths)
-        if error is not None:
-            error.add_note(f"(the other processes' outcomes differ: {problem})")
-            return None
-        raise problem
-
     def _produce_here(self) -> Made:
         producer = self._producer
         if producer is None:
@@ -232,7 +210,8 @@ class Epoch(Iterator[Any]):
             except StopIteration:
                 raise
             except Exception as e:
-                e.add_note(f"(raised by GlobalBatchLoader at batch {self._next})")
+                if not getattr(e, LOCATED, False):
+                    e.add_note(f"(raised by GlobalBatchLoader at batch {self._next})")
                 raise
 
     def end(self, by: str) -> None:
@@ -244,8 +223,8 @@ class Epoch(Iterator[Any]):
         self.close()
 
     def close(self) -> None:
-        """Stops the background thread and frees queued batches (idempotent)."""
+        """Stops the background thread, frees queued batches and ends the epoch's stream of
+        exchanges (idempotent)."""
         self._closed = True
-        if self._prefetcher is not None:
-            self._prefetcher.close()
+        _close(self._prefetcher, self._stream)
         self._producer = None

@@ -9,10 +9,11 @@ Data flow of one epoch (``iter(loader)``), see ``docs/design.md``:
 2. On the background thread (``_prefetch.Prefetcher``, mesh made current there with
    ``thread_mesh``), per batch: the ``Producer`` (``_producer.py``) takes a free slot, pulls a
    host batch, checks it, applies the dispatcher and calls the engine.
+   When the backend compares the processes, the producer exchanges the batch's outcome on the
+   epoch's stream of exchanges (opened here, in program order) before handing it over.
 3. The consumer's ``next()`` (``Epoch``, ``_epoch.py``) takes the global batch and its snapshot,
-   frees the slot, runs the agreement step on the batch's outcome when the backend compares the
-   processes, and moves its cursor (batches consumed, the source's state after that batch), so
-   ``state_dict()`` describes what the consumer has taken, not what was prefetched.
+   frees the slot and moves its cursor (batches consumed, the source's state after that batch),
+   so ``state_dict()`` describes what the consumer has taken, not what was prefetched.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from torchshard.data import _state
 from torchshard.data._ends import check_policy, full_rows
 from torchshard.data._epoch import Epoch
 from torchshard.data._position import Cursor
-from torchshard.data._producer import Producer
-from torchshard.data._stats import Counters, LoaderStats
+from torchshard.data._producer import Producer, Stream
+from torchshard.data._stats import Counters, LoaderStats, warmup_batches
 from torchshard.data._stream import record_for_workers
 
 
@@ -226,12 +227,21 @@ class GlobalBatchLoader(Iterable[Any]):
                 "last_batch='error' with sources that end together (torchshard.host_sampler "
                 "with drop_last=True), or the DTensor backend."
             )
+        first = self._resume_at or 0
+        agree = len(self._sources) == 1 and checks is not None and checks.compares(mesh)
+        stream = None
+        if checks is not None and (agree or exchange):
+            # The epoch's exchanges of each batch's outcome, named in program order; one
+            # exchange here, on this thread, finds processes that are out of step at once.
+            name = checks.open_stream(
+                mesh, what=f"GlobalBatchLoader: iter() from batch {first}", force=exchange
+            )
+            stream = None if name is None else Stream(checks, mesh, name)
         its = []
         with thread_mesh(mesh):  # DataLoader workers start here, in this thread
             for h, s in enumerate(self._sources):
                 record_for_workers(mesh, topology, process_index=topology.data_hosts[h])
                 its.append(iter(s))
-        first = self._resume_at or 0
         consumed = self._resume_consumed if self._resume_at is not None else None
         self._resume_at, self._resume_consumed = None, 0
         samplers = _state.samplers(self._sources)
@@ -247,7 +257,8 @@ class GlobalBatchLoader(Iterable[Any]):
             first,
             per_host=self._per_host,
             explicit_partition=self._partition is not DEFAULT_PARTITION,
-            agree=len(self._sources) == 1 and checks is not None and checks.compares(mesh),
+            stream=stream,
+            agree=agree,
             policy=self._last_batch,
             exchange=exchange,
             full=[full_rows(s) for s in self._sources],
@@ -267,6 +278,7 @@ class GlobalBatchLoader(Iterable[Any]):
             share=share,
             samplers=samplers,
             prefetch_bytes=self._prefetch_bytes,
+            warmup=warmup_batches(self._sources),
         )
         self._epoch = weakref.ref(epoch)
         return epoch

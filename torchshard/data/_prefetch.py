@@ -42,6 +42,8 @@ from torchshard._core.checks import positive_int
 from torchshard.data._threads import run_job
 
 T = TypeVar("T")
+# An exception with this attribute set names where it happened itself: no note is added.
+LOCATED = "_torchshard_located"
 
 POLL_SECONDS = 0.05  # every blocking call wakes up this often to check the stop event
 JOIN_SECONDS = 10.0  # how long close() waits for a thread that is inside produce()
@@ -211,7 +213,8 @@ class Prefetcher(Generic[T]):
         if isinstance(entry, _Failure):
             self.close()
             error = entry.error
-            error.add_note(f"(raised in torchshard's thread {self.name!r} at {entry.where})")
+            if not getattr(error, LOCATED, False):  # an error whose message names its batch
+                error.add_note(f"(raised in torchshard's thread {self.name!r} at {entry.where})")
             raise error
         if self._budget is not None:
             with self._bytes:

@@ -4,8 +4,12 @@ Per batch: take one host batch from every source (one per host this process supp
 the sources, check the batch against the first one, apply the dispatchers'
 ``logical_to_physical_batch``, and call the engine (``read``/``plan``/``place``) as
 ``host_to_global_array`` does, telling the backend it runs on a helper thread (``background``).
-It never runs the agreement step: the consumer does (``Epoch``), on the thread that runs the
-program. It holds no consumer state.
+Then, when the processes compare (DTensor, agreement check on), it exchanges the batch's
+*outcome* (its description, the end of the source, or a failure) on the epoch's ``Stream``:
+one bounded store exchange per batch, named by the batch, on the thread that made it, so it
+runs ahead of the consumer and off the step's path. Differing outcomes raise at that batch on
+every process, before it is handed over: the failing process its own error (with a note), the
+others ``ProcessDisagreementError``. It holds no consumer state.
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from torchshard._backend.protocols import ProcessChecks
 from torchshard._backend.registry import lookup
 from torchshard._core.agreement import END as END_OF_SOURCE
-from torchshard._core.agreement import describe, failure
-from torchshard._core.errors import IndivisibleError, ShardingError
+from torchshard._core.agreement import describe, failure, outcome_disagreement
+from torchshard._core.errors import (
+    CollectiveError,
+    IndivisibleError,
+    ProcessDisagreementError,
+    ShardingError,
+)
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import DataPartitionType
@@ -32,14 +42,13 @@ from torchshard.data._batch_check import (
     host_nbytes,
     indivisible_error,
 )
-from torchshard.data._ends import EMPTY, END, Template, mask_partition, rows_status
+from torchshard.data._ends import EMPTY, END, Template, mask_partition, rows_status, settle
+from torchshard.data._prefetch import LOCATED  # the agreement's errors name their batch
 from torchshard.data._state import capture, stateful
 from torchshard.data._stats import Counters
 from torchshard.data._stream import echo_error, stream_workers
 
-__all__ = ["OUTCOME", "Ended", "Made", "Producer", "Tally", "stateful"]
-
-OUTCOME = "_torchshard_outcome"  # attribute of a producer's exception: its outcome description
+__all__ = ["Ended", "Made", "Producer", "Stream", "Tally", "stateful"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +57,15 @@ class Made:
 
     batch: Any  # the global batch; with last_batch="pad", ``(batch, mask)``
     snapshot: list[Any] | None
-    outcome: list[str] | None  # ``describe`` of the host batch, when the processes compare
-    where: Callable[[int], str] | None  # leaf paths for the agreement error
     ready: Callable[[], None] | None = None
     """The batch's hand-off (``DeviceThreads.fence``): the consumer calls it before using the batch,
     so that its stream waits for this batch's copies; ``None``: nothing to wait for."""
+    compared: bool = False  # the processes agreed on this batch's outcome
     rows: int = 0  # the real examples of this process's sources in the batch
     nbytes: int = 0  # the host bytes transferred (the prefetch's byte budget counts them)
+    settled: tuple[bool, list[int]] | None = None
+    """``last_batch="drop"``/``"pad"`` on several processes: ``(stop, real rows per process)``,
+    agreed by the processes' exchange of this batch's status (the same on every process)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +73,29 @@ class Ended:
     """The value of the producer's ``StopIteration``."""
 
     snapshot: list[Any] | None
-    outcome: list[str] | None
+
+
+class Stream:
+    """An epoch's sequence of outcome exchanges (``ProcessChecks.open_stream``): the producer
+    runs them, the consumer counts the batches it takes, and ``close`` ends the sequence once
+    the producer is stopped (``finished``: the last exchange was the agreed end of the source).
+    Holds no reference to the epoch, so an abandoned iterator's finaliser can close it."""
+
+    def __init__(self, checks: ProcessChecks, mesh: Mesh, name: str) -> None:
+        self.checks = checks
+        self.mesh = mesh
+        self.name = name
+        self.taken = 0
+        self.finished = False
+        self.closed = False
+
+    def close(self) -> None:
+        """Ends the sequence (once): every process still to reach its next exchange, or waiting
+        in it, raises naming this process, unless the source ended on every process."""
+        if self.closed:
+            return
+        self.closed = True
+        self.checks.close_stream(self.mesh, self.name, finished=self.finished, taken=self.taken)
 
 
 class Tally:
@@ -91,11 +124,13 @@ class Producer:
         first: the index of the first batch (``> 0`` when resuming).
         per_host: the sources are a list of per-host sources (names the paths of errors).
         explicit_partition: ``partition=`` was given (names the fix of a feed mismatch).
-        agree: describe each batch's outcome for the consumer's agreement step.
+        stream: the epoch's exchanges of each batch's outcome (``None``: no exchange).
+        agree: the processes compare each batch's description (the agreement check).
         policy: ``last_batch`` (``"error"``, ``"drop"``, ``"pad"``).
         exchange: the processes exchange each batch's status (``"drop"``/``"pad"`` on several
-            processes): the consumer decides where the epoch ends, so after this process's end
-            the producer reports it (``"drop"``) or makes padding batches (``"pad"``).
+            processes, on ``stream`` even with the agreement check off): after this process's
+            end the producer reports it (``"drop"``) or makes padding batches (``"pad"``), and
+            every process stops at the batch the exchange settles on.
         full: per source, the rows of a whole batch (its ``batch_size``), else ``None`` (the
             first batch's).
     """
@@ -112,7 +147,8 @@ class Producer:
         *,
         per_host: bool,
         explicit_partition: bool,
-        agree: bool,
+        stream: Stream | None,
+        agree: bool = False,
         policy: str = "error",
         exchange: bool = False,
         full: Sequence[int | None] | None = None,
@@ -123,9 +159,11 @@ class Producer:
         self.dispatchers = dispatchers
         self.per_host = per_host
         self.explicit_partition = explicit_partition
-        self.agree = agree
+        self.stream = stream
+        self.agree = agree and stream is not None
         self.policy = policy
-        self.exchange = exchange
+        self.exchange = exchange and stream is not None
+        self.stopped = False  # the exchange settled on the end: every process stopped
         self.full = list(full) if full is not None else [None] * len(its)
         self.mask_spec: Any = None  # "pad": the mask's partition, from the first batch
         self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
@@ -252,36 +290,92 @@ class Producer:
     # -- one batch ------------------------------------------------------------------------
     def __call__(self, i: int) -> Made:
         n = self.first + i
+        stream = self.stream
+        if self.stopped:  # every process stopped at the previous batch (drop or pad)
+            raise StopIteration(Ended(self.snapshot()))
         try:
             out, snapshot, host, rows, status, nbytes = self._make(n)
         except StopIteration as end:
-            outcome = [END_OF_SOURCE] if self.agree and self.policy == "error" else None
-            if self.exchange:
-                outcome = [END]
-            raise StopIteration(Ended(end.value, outcome)) from None
+            if stream is not None:
+                self._agree(stream, n, [END] if self.exchange else [END_OF_SOURCE])
+                stream.finished = True
+            raise StopIteration(Ended(end.value)) from None
         except Exception as e:
             if self.background and self.threads is not None:  # drop the failed batch's copies
                 self.threads.fence()
-            if self.agree or self.exchange:
-                setattr(e, OUTCOME, failure(e))
+            if stream is not None:
+                self._agree(stream, n, failure(e), error=e)
             raise
         # The copies of a batch made on the loader's thread end with one fence for the batch.
         ready = self.threads.fence() if self.background and self.threads is not None else None
-        head = [status] if self.exchange else []
-        if host is None or not self.agree:
-            outcome = head or None
-            return Made(out, snapshot, outcome, None, ready, rows, nbytes)
-        leaves, treespec = flatten(host)
-        paths = LazyPaths(treespec, "batch")
+        if stream is None:
+            return Made(out, snapshot, ready, rows=rows, nbytes=nbytes)
+        outcome = [status] if self.exchange else []
+        where = None
+        if host is not None and self.agree:
+            leaves, treespec = flatten(host)
+            paths = LazyPaths(treespec, "batch")
+            outcome += describe(treespec, leaves, self.spec)
+            where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
+        settled = self._agree(stream, n, outcome, where=where)
+        if settled is not None and settled[0]:  # the last exchange of the epoch
+            self.stopped = True
+            stream.finished = True
         return Made(
             out,
             snapshot,
-            head + describe(treespec, leaves, self.spec),
-            lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}",
             ready,
-            rows,
-            nbytes,
+            compared=self.agree,
+            rows=rows,
+            nbytes=nbytes,
+            settled=settled,
         )
+
+    def _agree(
+        self,
+        stream: Stream,
+        n: int,
+        outcome: list[str],
+        *,
+        error: BaseException | None = None,
+        where: Callable[[int], str] | None = None,
+    ) -> tuple[bool, list[int]] | None:
+        """The agreement step on batch ``n``'s outcome (an exchange on the epoch's stream):
+        raises ``ProcessDisagreementError`` on every process whose outcome is a batch or the
+        end when the outcomes differ; a process whose outcome is ``error`` gets a note on it
+        instead (its caller re-raises it). With ``exchange`` (``last_batch="drop"``/``"pad"``
+        on several processes) it returns ``(stop, real rows per process)``: every process
+        stops, or goes on, at the same batch."""
+        what = f"GlobalBatchLoader: batch {n}"
+        paths = where or (lambda i: f"GlobalBatchLoader: batch {n}: leaf {i}")
+        try:
+            every = stream.checks.exchange(
+                self.mesh, outcome, what=what, stream=stream.name, force=self.exchange
+            )
+            if self.exchange:
+                try:
+                    return settle(
+                        self.policy,
+                        every if every is not None else [outcome],
+                        what=what,
+                        where=paths,
+                    )
+                except ProcessDisagreementError as differ:
+                    if error is None:
+                        raise
+                    error.add_note(f"(the other processes' outcomes differ: {differ})")
+                    return None
+            if every is None:
+                return None
+            problem = outcome_disagreement(what, every, paths)
+        except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
+            setattr(e, LOCATED, True)
+            raise
+        if error is not None:
+            error.add_note(f"(the other processes' outcomes differ: {problem})")
+            return None
+        setattr(problem, LOCATED, True)
+        raise problem
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any, int, str, int]:
         masks = None

@@ -1,78 +1,70 @@
-"""The torchshard pytest plugin: CPU-emulated SPMD devices, mesh fixtures, per-count runs.
+"""torchshard's pytest plugin: CPU-emulated SPMD devices, mesh fixtures, per-count runs.
 
-Registered through the ``pytest11`` entry point (name ``torchshard``), so installing torchshard
-with torch_xla is enough; ``-p no:torchshard`` turns it off (for example to run on a real TPU).
-Without torch_xla (a plain install, DTensor only) the plugin is inert: it sets nothing up and
-fails nothing; ``@pytest.mark.spmd`` items and tests using ``make_mesh`` or ``spmd_devices``
-skip, saying that torch_xla is not installed.
+Opt-in. The ``pytest11`` entry point ``torchshard`` is the gate, ``_torchshard_pytestplugin``
+(outside this package, so that it imports no torch): it registers this module only when a
+project asks for it (the ini option ``spmd_devices = N``, ``--spmd-devices N``, ``-p torchshard``
+or a conftest's ``pytest_plugins = ["torchshard"]``); every other pytest run in
+the environment is left alone. Without torch_xla (a plain install, DTensor only) the plugin,
+asked for, is inert: it sets nothing up and fails nothing; ``@pytest.mark.spmd`` items and
+tests using ``make_mesh`` or ``spmd_devices`` skip, saying that torch_xla is not installed.
 
-- ``--spmd-devices N`` / ini ``spmd_devices = N`` (default 8): the number of CPU-emulated XLA
-  devices. The plugin sets ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES`` and enables SPMD in
-  ``pytest_load_initial_conftests``, which pytest calls for entry-point plugins *before* it
-  imports any conftest file, so a conftest may import torch_xla freely. If torch_xla's runtime
-  already started with another count (another plugin created a device, or pytest runs inside a
-  process that did), the run stops with a usage error that says so.
+- The device count: ``--spmd-devices N``, else the ini option ``spmd_devices``, else 8 (``-p
+  torchshard``). ``enable`` sets ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES`` and enables SPMD
+  from the gate's ``pytest_load_initial_conftests``, which pytest calls for entry-point plugins
+  *before* it imports any conftest file, so a conftest may import torch_xla freely. If torch_xla's
+  runtime already started with another count (another plugin created a device, or pytest runs
+  inside a process that did), the run stops with a usage error that says so.
 - Fixtures: ``spmd_devices`` (the count), ``make_mesh(shape, axis_names)`` (creates a mesh and
   enters it until the test ends), ``virtual_hosts(n)`` (enters the multi-host emulation until
   the test ends).
 - ``@pytest.mark.spmd(devices=[4, 8])``: one test item per count (ids ``spmd4``, ``spmd8``).
   The count is fixed per process, so an item whose count differs from this process's runs in a
   child pytest process started with that count; the item matching this process runs directly.
+
+This module also re-exports the gate's hooks, so that it works as the entry point itself (an
+environment installed before the gate existed, whose entry point still names this module) and
+when a conftest lists it; every hook below does nothing unless the project asked.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+import _torchshard_pytestplugin as _gate
+from _torchshard_pytestplugin import DEFAULT_DEVICES
+from _torchshard_pytestplugin import pytest_addoption as pytest_addoption
+from _torchshard_pytestplugin import (
+    pytest_load_initial_conftests as pytest_load_initial_conftests,
+)
+
 if TYPE_CHECKING:
     from torchshard._core.topology import Topology
     from torchshard._mesh.mesh import Mesh
 
-DEFAULT_DEVICES = 8
 PARAM = "_torchshard_spmd_devices"  # the hidden parameter of @pytest.mark.spmd items
 _COUNT = pytest.StashKey[int]()
 _INERT = pytest.StashKey[str]()  # why the plugin set nothing up (torch_xla not installed)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("torchshard", "torchshard: CPU-emulated SPMD devices")
-    group.addoption(
-        "--spmd-devices",
-        dest="spmd_devices",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"number of CPU-emulated XLA devices (default: ini spmd_devices, else "
-        f"{DEFAULT_DEVICES}); fixed for the whole process",
-    )
-    group.addoption("--spmd-report", dest="spmd_report", default=None, help=argparse.SUPPRESS)
-    help_ = f"number of CPU-emulated XLA devices (default {DEFAULT_DEVICES})"
-    if pytest.version_tuple >= (8, 4):  # int ini options (so TOML may say spmd_devices = 8)
-        parser.addini("spmd_devices", help_, type="int", default=DEFAULT_DEVICES)
-    else:
-        parser.addini("spmd_devices", help_, default=str(DEFAULT_DEVICES))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    # Runs before the first conftest is imported (entry-point and -p plugins only).
-    _setup(early_config, early_config.known_args_namespace)
+def _on(config: pytest.Config) -> bool:
+    """Whether the project asked for the plugin (and it was enabled)."""
+    return _COUNT in config.stash or _INERT in config.stash
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _gate.pytest_configure(config)  # decided already, unless this module is the entry point
+    if not _on(config):
+        return
     config.addinivalue_line(
         "markers",
         "spmd(devices=[4, 8]): run the test once per emulated device count, each in a process "
         "with that count (torchshard plugin)",
     )
-    # Already done unless the plugin was loaded late (then conftests may have used torch_xla).
-    _setup(config, config.option)
-    if config.option.spmd_report:
+    if config.option.spmd_report and not config.pluginmanager.has_plugin("torchshard-spmd-report"):
         from torchshard.testing._spmd_child import ChildReportWriter
 
         config.pluginmanager.register(
@@ -91,6 +83,8 @@ def _configured_count(config: pytest.Config, options: Any) -> int:
             raise pytest.UsageError(
                 f"torchshard: {where} must be a positive device count ({e})."
             ) from None
+        if value in (None, ""):  # asked with -p torchshard (or pytest_plugins): the default
+            return DEFAULT_DEVICES
     try:
         count = int(str(value).strip())
     except ValueError:
@@ -102,8 +96,9 @@ def _configured_count(config: pytest.Config, options: Any) -> int:
     return count
 
 
-def _setup(config: pytest.Config, options: Any) -> None:
-    if _COUNT in config.stash or _INERT in config.stash:
+def enable(config: pytest.Config, options: Any) -> None:
+    """Sets the emulated devices up (the gate calls it when the project asked; idempotent)."""
+    if _on(config):
         return
     count = _configured_count(config, options)
     from torchshard._backend.xla.env import INSTALL_XLA, xla_installed
@@ -111,7 +106,7 @@ def _setup(config: pytest.Config, options: Any) -> None:
     if not xla_installed():
         config.stash[_INERT] = (
             "torchshard plugin: torch_xla is not installed, so there are no emulated SPMD "
-            f"devices (`{INSTALL_XLA}` installs it)"
+            f"devices ({INSTALL_XLA} installs it)"
         )
         return
     from torchshard._backend.xla.env import EmulationError, setup_cpu_emulation
@@ -135,7 +130,7 @@ def _verify(config: pytest.Config, when: str) -> None:
 
     from torchshard._backend.xla.env import runtime_devices, runtime_started
 
-    if _INERT in config.stash:
+    if _INERT in config.stash or not _on(config):
         return
     count = config.stash[_COUNT]
     env = (os.environ.get("PJRT_DEVICE"), os.environ.get("CPU_NUM_DEVICES"))
@@ -162,13 +157,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _verify(session.config, "after collecting the tests")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _on(config):
+        return None
     if _INERT in config.stash:
         return f"{config.stash[_INERT]}; @pytest.mark.spmd tests skip"
-    return f"torchshard: {config.stash[_COUNT]} CPU-emulated SPMD devices"
+    return (
+        f"torchshard: {config.stash[_COUNT]} CPU-emulated SPMD devices (asked for by "
+        f"{_gate.how_asked(config) or 'pytest_plugins'})"
+    )
+
+
+OFF = (
+    "the torchshard pytest plugin is off in this project: turn it on with the ini option "
+    "spmd_devices = 8 (e.g. in [tool.pytest.ini_options]), --spmd-devices 8 or -p torchshard"
+)
 
 
 def _skip_if_inert(config: pytest.Config) -> None:
+    if not _on(config):
+        pytest.fail(OFF, pytrace=False)
     reason = config.stash.get(_INERT, None)
     if reason is not None:
         pytest.skip(reason)
@@ -203,7 +211,7 @@ def _marker_counts(marker: pytest.Mark) -> list[int]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("spmd")
-    if marker is None:
+    if marker is None or not _on(metafunc.config):
         return
     counts = _marker_counts(marker)
     metafunc.fixturenames.append(PARAM)
@@ -212,6 +220,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection, which needs the original items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not _on(config):
+        return
     reason = config.stash.get(_INERT, None)
     if reason is not None:
         for item in items:

@@ -340,20 +340,25 @@ def test_a_loader_thread_can_assemble_while_the_step_communicates(pools, world):
 _NO_PG = (
     "a mesh of the dtensor backend needs torch.distributed, but its default process group is "
     "not initialised. Call torch.distributed.init_process_group('gloo') (or 'nccl') on every "
-    "process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT), or use a "
-    "mesh of the xla backend."
+    "process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
 )
+_NO_PG_XLA = ', or use a mesh of the xla backend (backend="xla").'
+_NO_PG_PLAIN = "; one process per device, e.g. torchrun --nproc-per-node 2 train.py."
 
 
 def test_no_process_group_is_a_clear_error():
+    """It names xla as the other way only where torch_xla is installed."""
     import torch.distributed as dist
 
+    from torchshard._backend.xla.env import xla_installed
+
     assert not dist.is_initialized()
+    message = _NO_PG + (_NO_PG_XLA if xla_installed() else _NO_PG_PLAIN)
     mesh = ts.Mesh(np.arange(2), ("data",), backend="dtensor")
-    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(_NO_PG)):
+    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(message)):
         mesh.__enter__()
     assert ts.current_mesh() is None
-    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(_NO_PG)):
+    with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(message)):
         ts.create_device_mesh((2,), ("data",), backend="dtensor")
     assert isinstance(ts.errors.NoProcessGroupError(""), ValueError)
 

@@ -465,11 +465,15 @@ sys.modules["torch_xla"] = None  # as on a machine without torch_xla
 import torchshard as ts
 """
 
+_TORCH = torch.__version__.split("+")[0]
 _INSTALL_XLA = (
     "needs torch_xla, which is not installed; install the extra with `pip install "
-    "'torchshard[xla]'` (torch-xla 2.9, which brings torch 2.9). Without torch_xla, torchshard "
-    "runs on torch.distributed DTensor: call torch.distributed.init_process_group(...) first "
-    'and build meshes with backend="dtensor".'
+    "'torchshard-input[xla]'` (from a checkout: `pip install -e '.[xla]'`): torch-xla 2.9, which "
+    "pins torch 2.9"
+    + ("" if _TORCH.startswith("2.9.") else f" (this is torch {_TORCH}, which it would replace)")
+    + ". Without torch_xla, torchshard runs on torch.distributed DTensor, the default then: call "
+    "torch.distributed.init_process_group(...) and build the mesh with create_device_mesh (or "
+    "Mesh.from_device_mesh)."
 )
 
 
@@ -488,12 +492,16 @@ def _fresh(code: str, lines: int = 1) -> Any:
 
 
 def test_without_a_process_group_or_torch_xla_the_default_is_dtensor_and_says_what_to_do():
+    """Without torch_xla every mesh is a DTensor one unless the user names xla: nothing asks
+    for the xla extra unless the user asked for xla."""
     code = """
 import numpy as np
 from torchshard._backend.registry import default_name as default_backend_name
-print(default_backend_name())
-for call in (ts.process_index, lambda: ts.setup_cpu_emulation(8),
-             lambda: ts.Mesh(np.arange(8), "data").__enter__()):
+print(default_backend_name(), ts.Mesh(np.arange(8), "data").backend)
+for call in (ts.process_index, lambda: ts.create_device_mesh((2,), ("data",)),
+             lambda: ts.Mesh(np.arange(8), "data").__enter__(),
+             lambda: ts.setup_cpu_emulation(8),
+             lambda: ts.Mesh(np.arange(8), "data", backend="xla").__enter__()):
     try:
         call()
     except ImportError as e:
@@ -501,12 +509,15 @@ for call in (ts.process_index, lambda: ts.setup_cpu_emulation(8),
     except ValueError as e:
         print(f"{type(e).__name__}: {e}".splitlines()[0])
 """
-    default, no_group, emulation, xla = _fresh(code, lines=4)
-    assert default == "dtensor"
-    assert no_group.startswith(
-        "NoProcessGroupError: a mesh of the dtensor backend needs torch.distributed, but its "
-        "default process group is not initialised."
-    )
+    default, *no_group, emulation, xla = _fresh(code, lines=6)
+    assert default == "dtensor dtensor"
+    assert len(no_group) == 3
+    for line in no_group:  # process_index, create_device_mesh, a Mesh entered
+        assert line.startswith(
+            "NoProcessGroupError: a mesh of the dtensor backend needs torch.distributed, but its "
+            "default process group is not initialised."
+        ), line
+        assert "xla]" not in line
     assert (
         emulation
         == f"MissingDependencyError: setup_cpu_emulation (emulated XLA devices) {_INSTALL_XLA}"

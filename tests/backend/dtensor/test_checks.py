@@ -61,11 +61,13 @@ def test_processes_in_different_calls_with_alike_inputs_are_out_of_step(pools):
     for r in results:
         assert r["error"] == (
             "ProcessDisagreementError: host_arrays: the processes are out of step, each in "
-            "another torchshard call (rank 0: host_arrays; rank 1: GlobalBatchLoader: batch 0)."
+            "another torchshard call (rank 0: host_arrays; rank 1: GlobalBatchLoader: iter() "
+            "from batch 0)."
             " Every process must make the same torchshard calls in the same order (the same "
             "host_to_global_array calls, the same loader batches, the same read-backs)."
         ) or r["error"].startswith(
-            "ProcessDisagreementError: GlobalBatchLoader: batch 0: the processes are out of step"
+            "ProcessDisagreementError: GlobalBatchLoader: iter() from batch 0: the processes are "
+            "out of step"
         ), r
         assert r["after"] == (4, 4)
 

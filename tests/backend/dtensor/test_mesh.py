@@ -42,17 +42,23 @@ def test_meshes_whose_ranks_do_not_ascend(pools):
         assert r["direct"] == [[0, 2], [1, 3]]
 
 
-def test_without_a_process_group_a_dtensor_mesh_is_a_clear_error():
-    with pytest.raises(
-        ts.errors.NoProcessGroupError,
-        match=re.escape(
-            "a mesh of the dtensor backend needs torch.distributed, but its default process "
-            "group is not initialised. Call torch.distributed.init_process_group('gloo') (or "
-            "'nccl') on every process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and "
-            "MASTER_PORT), or use a mesh of the xla backend."
-        ),
-    ):
-        dmesh.topology()
+def test_without_a_process_group_a_dtensor_mesh_is_a_clear_error(monkeypatch):
+    """The other way is the xla backend only where torch_xla is installed."""
+    from torchshard._backend.xla import env
+
+    head = (
+        "a mesh of the dtensor backend needs torch.distributed, but its default process "
+        "group is not initialised. Call torch.distributed.init_process_group('gloo') (or "
+        "'nccl') on every process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and "
+        "MASTER_PORT)"
+    )
+    for installed, tail in [
+        (True, ', or use a mesh of the xla backend (backend="xla").'),
+        (False, "; one process per device, e.g. torchrun --nproc-per-node 2 train.py."),
+    ]:
+        monkeypatch.setattr(env, "xla_installed", lambda installed=installed: installed)
+        with pytest.raises(ts.errors.NoProcessGroupError, match=re.escape(head + tail) + "$"):
+            dmesh.topology()
 
 
 def test_device_r_belongs_to_rank_r():

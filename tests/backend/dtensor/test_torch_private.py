@@ -60,3 +60,47 @@ def test_strided_shard_dispatch_constrain_read_back(pools, layout):
         rows = cases.PHYSICAL // grid.size
         assert torch.equal(r["back"], g[rank * rows : (rank + 1) * rows])
         assert r["input_untouched"]
+
+
+def test_group_timeouts_use_torchs_public_call_where_it_has_one(monkeypatch):
+    """``set_group_timeout``: torch's public ``set_timeout`` (2.14 on), else the private call it
+    replaced (whose every call warns from 2.14 on: a FutureWarning pointing at torchshard)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from torchshard._backend.dtensor import _torch_private
+
+    calls = []
+    monkeypatch.setattr(dist, "set_timeout", lambda t, g: calls.append(("public", t, g)), False)
+    monkeypatch.setattr(
+        distributed_c10d, "_set_pg_timeout", lambda t, g: calls.append(("private", t, g))
+    )
+    _torch_private.set_group_timeout(7, "group")
+    monkeypatch.delattr(dist, "set_timeout")
+    _torch_private.set_group_timeout(8, "group")
+    assert calls == [("public", 7, "group"), ("private", 8, "group")]
+
+
+def test_setting_a_group_timeout_warns_nothing_on_this_torch(tmp_path):
+    """On a real gloo group of one process, in a fresh interpreter (a default group in this one
+    would change the default backend of later tests), with every warning an error."""
+    import subprocess
+    import sys
+
+    code = (
+        "import datetime, warnings\n"
+        "warnings.simplefilter('error')\n"
+        "import torch.distributed as dist\n"
+        "from torchshard._backend.dtensor._torch_private import set_group_timeout\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/rdv', rank=0, "
+        "world_size=1)\n"
+        "g = dist.new_group([0])\n"
+        "set_group_timeout(datetime.timedelta(seconds=5), g)\n"
+        "set_group_timeout(datetime.timedelta(seconds=5), None)\n"
+        "dist.destroy_process_group()\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla: pip install 'torchshard[xla]'")
+pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
 import torch_xla
 from data_helpers import Rows
 from helpers import DTYPES, host_segments, layout_is_uniform, torch_xla_placement, xla_shards

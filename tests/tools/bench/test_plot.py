@@ -42,7 +42,8 @@ def test_without_matplotlib_the_check_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     message = (
         "bench --plot needs matplotlib, which is not installed; install the optional extra with "
-        "`pip install 'torchshard[plot]'` (or `pip install matplotlib`)."
+        "`pip install 'torchshard-input[plot]'` (from a checkout: `pip install -e '.[plot]'`), "
+        "or `pip install matplotlib`."
     )
     with pytest.raises(MissingDependencyError, match=re.escape(message)):
         _plot.check_plot_available()

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 # own store-based barriers use it), which the bounded collectives write arrival records to.
 # `torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)`: a group's timeout
 # (`new_group` does not inherit the default group's). Checked on torch 2.9.0, 2.13.0, 2.14.1,
-# 2.15.0: both exist with these signatures.
+# 2.15.0: it exists with this signature; from torch 2.14 it is deprecated (a FutureWarning at
+# every call) for the public `torch.distributed.set_timeout(timeout, group)`, which is used
+# wherever torch has it (2.14.1 and 2.15.0 have it, 2.9.0 does not).
+import torch.distributed as _dist
 from torch.distributed import distributed_c10d as _c10d
 from torch.distributed.tensor._utils import (
     compute_local_shape_and_global_offset as _compute_local_shape_and_global_offset,
@@ -64,8 +67,13 @@ def default_store() -> Any:
 
 
 def set_group_timeout(timeout: Any, group: Any) -> None:
-    """Sets ``group``'s timeout (a ``timedelta``)."""
-    _c10d._set_pg_timeout(timeout, group)
+    """Sets ``group``'s timeout (a ``timedelta``): torch's public ``set_timeout`` where it has
+    one, else the private call it replaced."""
+    public = getattr(_dist, "set_timeout", None)
+    if public is not None:
+        public(timeout, group)
+    else:
+        _c10d._set_pg_timeout(timeout, group)
 
 
 def local_offset(x: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:

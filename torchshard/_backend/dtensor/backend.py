@@ -407,11 +407,30 @@ class DTensorChecks:
             check_values(tree, argname, what)
 
     def exchange(
-        self, mesh: Mesh, items: Sequence[str], *, what: str = "torchshard", force: bool = False
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
+        force: bool = False,
     ) -> list[list[str]] | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
-        return exchange_in_step(what, with_mesh(items, mesh))
+        return exchange_in_step(what, with_mesh(items, mesh), stream)
+
+    def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
+        if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
+            return None
+        opened = collective.open_stream(what)  # on the calling thread, in program order
+        if opened is None:
+            return None
+        stream, every = opened
+        in_step(what, every)  # the only item is alike: only the calls can differ
+        return stream
+
+    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
+        collective.end_stream(stream, finished=finished, taken=taken)
 
 
 _DTENSOR = DTensorRuntime()

@@ -17,12 +17,14 @@ from torchshard._core.errors import ProcessDisagreementError, at
 from torchshard._core.tree import LazyPaths, flatten
 
 
-def exchange_in_step(what: str, items: Sequence[str]) -> list[list[str]] | None:
+def exchange_in_step(
+    what: str, items: Sequence[str], stream: str | None = None
+) -> list[list[str]] | None:
     """Every process's ``items`` when they differ, ``None`` when they agree (the store-based
-    exchange of ``collective``; bounded by the default group's timeout). Processes that are in
-    different calls (``what`` differs: one skipped a call) all raise ``ProcessDisagreementError``.
-    """
-    return in_step(what, collective.exchange(what, items))
+    exchange of ``collective`` on ``stream``, default the calling thread's; bounded by the
+    default group's timeout). Processes that are in different calls (``what`` differs: one
+    skipped a call) all raise ``ProcessDisagreementError``."""
+    return in_step(what, collective.exchange(what, items, stream))
 
 
 def in_step(what: str, every: list[list[str]] | None) -> list[list[str]] | None:

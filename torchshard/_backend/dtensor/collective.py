@@ -21,6 +21,16 @@ thread, each reset by the last arrival of the exchange before its next use (unac
 ``set``s); only the verdict key is per call, deleted by the last arrival of the next exchange,
 so the store does not grow.
 
+A stream is a sequence of exchanges that every process makes in the same order: by default the
+calling thread's (its name: ``MainThread`` is the program's), or a named one. A loader's epoch
+gets a stream of its own (``open_stream``: named by an exchange in program order, alike on
+every process),
+so that its background thread exchanges each batch's outcome one batch ahead of the consumer
+(the store exchange is not a process-group collective: any thread may run it). When an epoch
+ends early (``end_stream``), the process writes the verdict of the stream's next exchange as
+"ended by rank r", so that a process still waiting in it (or reaching it later) raises at
+once instead of after the timeout; an epoch that ran to its end deletes its keys.
+
 The collectives of the ``DeviceMesh``es torchshard builds run on groups whose timeout is set to
 the default group's (torch's ``new_group`` would give them 30 minutes).
 
@@ -47,6 +57,7 @@ from torchshard._core.errors import CollectiveError
 
 PREFIX = "torchshard/"
 _BAD = 1 << 32  # added to a call's arrival count by a process whose digest differed
+_ENDED = "ended"  # the verdict of a stream's exchange that another process's early end wrote
 _SLOTS = 4  # the digest and count keys of a thread's calls are reused in a ring of this size
 GRACE = 2.0  # seconds a process whose collective failed waits for the others to report
 
@@ -102,21 +113,25 @@ class _Session:
             store = self.local.store = default_store().clone()
         return store
 
-    def enter(self, what: str) -> tuple[str, int]:
-        """Records this process's arrival at the next call of the calling thread's stream."""
-        stream = threading.current_thread().name
+    def enter(self, what: str, stream: str | None = None) -> tuple[str, int]:
+        """Records this process's arrival at the next call of ``stream`` (default: the calling
+        thread's)."""
+        if stream is None:
+            stream = threading.current_thread().name
         with self.lock:
             n = self.seq[stream] = self.seq.get(stream, 0) + 1
         self.store.set(f"{self.prefix}at/{stream}/{self.rank}", f"{n}\t{what}")
         return stream, n
 
-    def begin(self, what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+    def begin(
+        self, what: str, items: Sequence[str], stream: str | None = None
+    ) -> Callable[[], list[list[str]] | None]:
         """Starts the exchange of ``[what, *items]`` (two short round trips, no waiting) and
         returns its end: every process's ``[what, *items]`` when they differ, ``None`` when
         they agree. The end must be called (on every process, on the same thread), also when
-        the caller's own work in between failed."""
+        the caller's own work in between failed; a stream's calls run one at a time."""
         store, world = self.store, self.world
-        stream, n = self.enter(what)
+        stream, n = self.enter(what, stream)
         key = f"{self.prefix}{stream}/{n}/"
         x = self.exchanges[stream] = self.exchanges.get(stream, 0) + 1
         prev, self.previous[stream] = self.previous.get(stream, 0), n
@@ -149,13 +164,16 @@ class _Session:
                     verdict = store.get(key + "done").decode()
                 if verdict == "ok":
                     return None
-                self.bad.add(key)
-                store.set(f"{key}desc/{self.rank}", json.dumps(mine))
-                blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
+                if not verdict.startswith(_ENDED):
+                    self.bad.add(key)
+                    store.set(f"{key}desc/{self.rank}", json.dumps(mine))
+                    blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
             except Exception as e:
                 if is_comm_error(e):
                     raise self.failed(stream, n, what, e) from None
                 raise
+            if verdict.startswith(_ENDED):
+                raise self.ended(what, verdict)
             return [json.loads(b) for b in blobs]
 
         return end
@@ -169,6 +187,57 @@ class _Session:
             self.bad.discard(key)
             for q in range(self.world):
                 self.store.delete_key(f"{key}desc/{q}")
+
+    def ended(self, what: str, verdict: str) -> CollectiveError:
+        """The error of an exchange whose verdict another process wrote when its epoch ended
+        early (``end_stream``): ``"ended <rank> <batches taken>"``."""
+        _, rank, taken = verdict.split()
+        return CollectiveError(
+            f"{what}: rank {rank} ended this GlobalBatchLoader epoch after taking {taken} "
+            "batch(es) (it left the loop, closed the loader or started another iter()), so it "
+            "makes no more of its batches. Every process must take the same batches of an "
+            "epoch: stop every process's loop at the same batch (e.g. the same number of "
+            "steps), or give every process a source of the same length."
+        )
+
+    def open_stream(self, what: str) -> tuple[str, list[list[str]] | None]:
+        """An exchange of ``what`` on the calling thread's stream, and the name of a new stream
+        made by it: ``<thread>.loader<n>``, ``n`` that exchange's call number, which is the
+        same on every process whose exchange paired with this one (else ``what`` differs, and
+        the caller raises). Returns the name and the exchange's result."""
+        caller = threading.current_thread().name
+        end = self.begin(what, ["a new stream"], caller)
+        with self.lock:
+            n = self.seq[caller]
+        return f"{caller}.loader{n}", end()
+
+    def end_stream(self, stream: str, *, finished: bool, taken: int) -> None:
+        """The end of a named stream, once no thread of this process runs its calls any more.
+        ``finished``: its last exchange ended it on every process (a loader's end of data):
+        its keys are deleted by the last process to get here. Else the next exchange's verdict
+        is written as ended by this rank (``taken``: the batches its consumer took), which a
+        process waiting in that exchange reads at once; the stream's few keys stay."""
+        with self.lock:
+            n = self.seq.pop(stream, 0)
+            self.exchanges.pop(stream, None)
+            prev = self.previous.pop(stream, 0)
+        base = f"{self.prefix}{stream}/"
+        store = self.store
+        try:
+            if not finished:
+                store.set(f"{base}{n + 1}/done", f"{_ENDED} {self.rank} {taken}")
+                return
+            if store.add(base + "fin", 1) < self.world:
+                return
+            keys = [f"{base}slot{k}/{v}" for k in range(_SLOTS) for v in ("d", "n")]
+            keys += [f"{base}{prev}/done", base + "fin"]
+            keys += [f"{self.prefix}at/{stream}/{q}" for q in range(self.world)]
+            for k in keys:
+                store.delete_key(k)
+        except Exception as e:
+            if is_comm_error(e):  # the others are gone: nobody reads these keys any more
+                return
+            raise
 
     def where_is(self, stream: str, q: int) -> tuple[int, str] | None:
         k = f"{self.prefix}at/{stream}/{q}"
@@ -274,21 +343,37 @@ def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
     return every
 
 
-def begin(what: str, items: Sequence[str]) -> Callable[[], list[list[str]] | None]:
+def begin(
+    what: str, items: Sequence[str], stream: str | None = None
+) -> Callable[[], list[list[str]] | None]:
     """``exchange`` in two halves, so that work that runs no collective (DTensor's
     ``from_local``) overlaps the wait for the other processes: ``begin`` returns the end."""
     s = session()
-    return _NOTHING if s is None else s.begin(what, items)
+    return _NOTHING if s is None else s.begin(what, items, stream)
 
 
 def _NOTHING() -> None:
     return None
 
 
-def exchange(what: str, items: Sequence[str]) -> list[list[str]] | None:
+def exchange(what: str, items: Sequence[str], stream: str | None = None) -> list[list[str]] | None:
     """Every process's ``[what, *items]`` when some differ, ``None`` when all agree (and on one
-    process). Raises ``CollectiveError`` naming the ranks that did not answer in time."""
-    return begin(what, items)()
+    process), on ``stream`` (default: the calling thread's). Raises ``CollectiveError`` naming
+    the ranks that did not answer in time, or the rank whose epoch ended (a named stream)."""
+    return begin(what, items, stream)()
+
+
+def open_stream(what: str) -> tuple[str, list[list[str]] | None] | None:
+    """``_Session.open_stream`` (``None`` on one process); call it in program order."""
+    s = session()
+    return None if s is None else s.open_stream(what)
+
+
+def end_stream(stream: str, *, finished: bool, taken: int) -> None:
+    """Ends a named stream (``_Session.end_stream``)."""
+    s = session()
+    if s is not None:
+        s.end_stream(stream, finished=finished, taken=taken)
 
 
 @contextlib.contextmanager

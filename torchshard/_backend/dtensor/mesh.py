@@ -27,11 +27,18 @@ from torchshard._core.topology import Topology
 def require_process_group() -> None:
     """Raises ``NoProcessGroupError`` unless torch.distributed's default group exists."""
     if not (dist.is_available() and dist.is_initialized()):
+        from torchshard._backend.xla.env import xla_installed
+
+        other = (
+            ', or use a mesh of the xla backend (backend="xla")'
+            if xla_installed()
+            else "; one process per device, e.g. torchrun --nproc-per-node 2 train.py"
+        )
         raise NoProcessGroupError(
             "a mesh of the dtensor backend needs torch.distributed, but its default process "
             "group is not initialised. Call torch.distributed.init_process_group('gloo') (or "
             "'nccl') on every process first (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and "
-            "MASTER_PORT), or use a mesh of the xla backend."
+            f"MASTER_PORT){other}."
         )
 
 

@@ -16,8 +16,9 @@ import os
 import sys
 
 from torchshard._core.errors import EmulationError, MissingDependencyError
+from torchshard._core.version import pip_install
 
-INSTALL_XLA = "pip install 'torchshard[xla]'"
+INSTALL_XLA = pip_install("xla")  # "`pip install 'torchshard-input[xla]'` (from a checkout: ...)"
 
 
 @functools.cache
@@ -37,11 +38,21 @@ def require_xla(feature: str) -> None:
     if not xla_installed():
         raise MissingDependencyError(
             f"{feature} needs torch_xla, which is not installed; install the extra with "
-            f"`{INSTALL_XLA}` (torch-xla 2.9, which brings torch 2.9). Without torch_xla, "
-            "torchshard runs on torch.distributed DTensor: call "
-            "torch.distributed.init_process_group(...) first and build meshes with "
-            'backend="dtensor".'
+            f"{INSTALL_XLA}: torch-xla 2.9, which pins torch 2.9{_replaced()}. Without "
+            "torch_xla, torchshard runs on torch.distributed DTensor, the default then: call "
+            "torch.distributed.init_process_group(...) and build the mesh with "
+            "create_device_mesh (or Mesh.from_device_mesh)."
         )
+
+
+def _replaced() -> str:
+    """`` (this is torch 2.14.1, which it would replace)`` when torch is not 2.9."""
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    return (
+        "" if version.startswith("2.9.") else f" (this is torch {version}, which it would replace)"
+    )
 
 
 def import_error(feature: str, e: ImportError) -> MissingDependencyError:
@@ -52,7 +63,7 @@ def import_error(feature: str, e: ImportError) -> MissingDependencyError:
     return MissingDependencyError(
         f"{feature} needs torch_xla, which is installed but cannot be imported ({e}). "
         f"torch-xla 2.9 runs only on torch 2.9 (this is torch {torch.__version__}): "
-        f"`{INSTALL_XLA}` installs the matching pair. Without torch_xla, torchshard runs on "
+        f"{INSTALL_XLA} installs the matching pair. Without torch_xla, torchshard runs on "
         'torch.distributed DTensor (meshes with backend="dtensor").'
     )
 
@@ -75,7 +86,7 @@ def setup_cpu_emulation(num_devices: int = 8, *, force: bool = False) -> bool:
 
     Raises:
         ValueError: ``num_devices`` is not a positive int.
-        MissingDependencyError: torch_xla is not installed (``pip install 'torchshard[xla]'``).
+        MissingDependencyError: torch_xla is not installed (the extra ``xla``).
         EmulationError: torch_xla's runtime already started with another device type or count
             (the count is fixed per process).
     """

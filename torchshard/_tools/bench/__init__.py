@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "dispatch": "torchshard._tools.bench.dispatch",
     "dtensor": "torchshard._tools.bench.dtensor",
     "dtensor_dispatch": "torchshard._tools.bench.dtensor_dispatch",
+    "dtensor_loader": "torchshard._tools.bench.dtensor_loader",
     "h2d": "torchshard._tools.bench.h2d",
     "loader": "torchshard._tools.bench.loader",
     "soak": "torchshard._tools.bench.soak",
@@ -24,4 +25,4 @@ BENCHES: dict[str, str] = {
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
 # run on a plain install (no torch_xla).
-NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "dtensor_dispatch", "h2d"})
+NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "dtensor_dispatch", "dtensor_loader", "h2d"})
