@@ -151,3 +151,12 @@ def test_processes_on_meshes_with_the_axes_in_another_order_disagree():
         "the same order)."
     )
     assert with_mesh(items, a) == with_mesh(items, a)  # the same mesh: nothing differs
+
+
+def test_a_structure_disagreement_on_one_mesh_does_not_show_the_mesh():
+    mesh = ts.Mesh(np.arange(2), ("data",), backend="dtensor")
+    a = with_mesh(_describe({"x": np.zeros(4)}, ts.P("data")), mesh)
+    b = with_mesh(_describe({"x": np.zeros(4), "y": np.zeros(4)}, ts.P("data")), mesh)
+    err = str(disagreement("host_arrays", [a, b], lambda i: f"leaf {i}"))
+    assert err.startswith("host_arrays: every process must pass the same tree structure")
+    assert "mesh" not in err

@@ -206,11 +206,17 @@ def disagreement(
                 )
             )
         if i == 0:
+            expected = seen[0]
+            if ", mesh " in ref[0] and len({_mesh_of(d) for d in seen}) == 1:  # same mesh
+                expected = expected.rpartition(", mesh ")[0]
+                got = "; ".join(
+                    f"{d.rpartition(', mesh ')[0]} on process(es) {ps}" for d, ps in groups.items()
+                )
             return ProcessDisagreementError(
                 at(
                     argname,
                     f"every process must pass the same tree structure and partition; "
-                    f"expected {seen[0]} (as on process 0), got {got}.",
+                    f"expected {expected} (as on process 0), got {got}.",
                 )
             )
         return ProcessDisagreementError(
