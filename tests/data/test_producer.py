@@ -69,6 +69,7 @@ def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=None
         per_host=len(sources) > 1,
         explicit_partition=True,
         stream=stream,
+        agree=stream is not None,
     )
 
 

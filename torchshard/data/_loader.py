@@ -262,6 +262,7 @@ class GlobalBatchLoader(Iterable[Any]):
             policy=self._last_batch,
             exchange=exchange,
             full=[full_rows(s) for s in self._sources],
+            processes=processes,
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
         self._cursor = Cursor(producer.snapshot(), first, consumed)

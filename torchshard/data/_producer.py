@@ -133,6 +133,7 @@ class Producer:
             every process stops at the batch the exchange settles on.
         full: per source, the rows of a whole batch (its ``batch_size``), else ``None`` (the
             first batch's).
+        processes: the number of processes (every process's rows count in the settled batch).
     """
 
     def __init__(
@@ -152,6 +153,7 @@ class Producer:
         policy: str = "error",
         exchange: bool = False,
         full: Sequence[int | None] | None = None,
+        processes: int = 1,
     ) -> None:
         self.its = its
         self.all_sources = list(sources)
@@ -164,6 +166,7 @@ class Producer:
         self.policy = policy
         self.exchange = exchange and stream is not None
         self.stopped = False  # the exchange settled on the end: every process stopped
+        self.processes = processes  # an exchange whose items agree returns None: all alike
         self.full = list(full) if full is not None else [None] * len(its)
         self.mask_spec: Any = None  # "pad": the mask's partition, from the first batch
         self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
@@ -356,7 +359,7 @@ class Producer:
                 try:
                     return settle(
                         self.policy,
-                        every if every is not None else [outcome],
+                        every if every is not None else [outcome] * self.processes,
                         what=what,
                         where=paths,
                     )
