@@ -20,6 +20,8 @@ from torchshard._core.agreement import set_agreement_check as set_agreement_chec
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
 from torchshard._core.errors import ShardingError as ShardingError
+from torchshard._core.feed import feed_read_config as feed_read_config
+from torchshard._core.feed import feed_slices as feed_slices
 from torchshard._core.layout import LayoutBlock as LayoutBlock
 from torchshard._core.layout import ShardingLayout as ShardingLayout
 from torchshard._core.layout import describe_layout as describe_layout
@@ -96,6 +98,8 @@ __all__ = [
     "describe_layout",
     "dispatch_input_batch",
     "errors",
+    "feed_read_config",
+    "feed_slices",
     "global_to_host_array",
     "host_sampler",
     "host_to_global_array",

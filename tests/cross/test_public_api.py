@@ -28,8 +28,8 @@ SURFACE = {
         "replicate_to_local_data",
         # in the step
         "with_sharding_constraint", "maybe_shard", "InputDispatcher", "SpmdInputDispatcher",
-        # feeding from a DataLoader
-        "GlobalBatchLoader", "host_sampler", "sharded_collate",
+        # feeding from a DataLoader, and feeds from the mesh
+        "GlobalBatchLoader", "host_sampler", "sharded_collate", "feed_read_config", "feed_slices",
         # checks across processes
         "set_agreement_check", "set_value_check",
         # errors: the base here, every type in torchshard.errors
