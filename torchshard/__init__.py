@@ -56,6 +56,8 @@ from torchshard._step.dispatch import (
 )
 from torchshard._step.dispatch import dispatch_input_batch as dispatch_input_batch
 from torchshard._step.input_dispatcher import InputDispatcher as InputDispatcher
+from torchshard._step.local_views import to_local as to_local
+from torchshard._step.local_views import to_submesh as to_submesh
 from torchshard._step.spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._visualize.sharding import visualize_sharding as visualize_sharding
 from torchshard.data._collate import sharded_collate as sharded_collate
@@ -115,6 +117,8 @@ __all__ = [
     "set_value_check",
     "setup_cpu_emulation",
     "sharded_collate",
+    "to_local",
+    "to_submesh",
     "visualize_sharding",
     "with_sharding_constraint",
 ]

@@ -28,6 +28,8 @@ SURFACE = {
         "replicate_to_local_data",
         # in the step
         "with_sharding_constraint", "maybe_shard", "InputDispatcher", "SpmdInputDispatcher",
+        # local views, for steps that compute per process
+        "to_local", "to_submesh",
         # feeding from a DataLoader, and feeds from the mesh
         "GlobalBatchLoader", "host_sampler", "sharded_collate", "feed_read_config", "feed_slices",
         # checks across processes
