@@ -184,3 +184,244 @@ def feeds(
         "full_equal": bool(torch.equal(full, g)),
         "oracle": g[block_slices(arr, names, spec, tuple(shape), _rank())].clone(),
     }
+
+
+# -- context parallel -----------------------------------------------------------------------
+
+
+class CountingSequences:
+    """A token source of ``n`` sequences of ``seq_len``: ``read(row, positions)`` returns those
+    positions of one sequence and counts every position read."""
+
+    def __init__(self, n: int, seq_len: int) -> None:
+        self.tokens = 1000 * torch.arange(n)[:, None] + torch.arange(seq_len)
+        self.read_positions = 0
+
+    def read(self, row: int, positions: list[int]) -> torch.Tensor:
+        self.read_positions += len(positions)
+        return self.tokens[row, positions]
+
+
+def context_parallel_shards(dp: int, cp: int, batch: int, seq_len: int) -> dict[str, Any]:
+    """A (dp, cp) mesh: each host reads its dp shard's rows and only its cp part of each
+    sequence (torchshard's recipe); torch's ``context_parallel`` shards the whole rows."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    ts = _ts()
+    dm = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp", "cp"))
+    mesh = ts.Mesh.from_device_mesh(dm)
+    partition = ts.P("dp", "cp")
+    source = CountingSequences(batch, seq_len)
+    config = ts.feed_read_config(partition, mesh=mesh)
+    rows = list(range(batch))[config["shard_index"] :: config["num_shards"]]
+    positions = ts.context_parallel_positions(partition, seq_len, mesh=mesh)
+    tokens_read = torch.stack([source.read(r, positions) for r in rows])
+    host = {
+        "tokens": tokens_read,
+        "labels": tokens_read + 1,
+        "positions": torch.tensor(positions).expand(len(rows), -1).contiguous(),
+    }
+    with mesh:
+        batch_g = ts.host_to_global_array(host, partition=partition)
+        local = ts.to_local(batch_g)
+        whole = ts.replicate_to_local_data(batch_g)
+        back = ts.global_to_host_array(batch_g)
+    # torch's own: every cp rank holds the dp shard's whole rows, context_parallel shards them.
+    tokens = source.tokens[rows].clone()
+    labels = tokens + 1
+    pos = torch.arange(seq_len).expand(len(rows), -1).contiguous()
+    with context_parallel(dm["cp"], buffers=[tokens, labels, pos], buffer_seq_dims=[1, 1, 1]):
+        torch_shards = {
+            "tokens": tokens.clone(),
+            "labels": labels.clone(),
+            "positions": pos.clone(),
+        }
+    restore = ts.head_tail_order(seq_len, cp, inverse=True)
+    original_rows = [
+        r for s in range(config["num_shards"]) for r in range(batch)[s :: config["num_shards"]]
+    ]
+    return {
+        "local": {k: v.clone() for k, v in local.items()},
+        "torch": torch_shards,
+        "read_positions": source.read_positions,
+        "positions": positions,
+        "restored_equal": bool(
+            torch.equal(whole["tokens"][:, restore], source.tokens[original_rows])
+        ),
+        "back_equal": bool(torch.equal(back["tokens"], source.tokens[rows][:, positions])),
+    }
+
+
+# -- training through the stacks ------------------------------------------------------------
+
+
+class Examples(torch.utils.data.Dataset):
+    """``n`` examples ``{"x": [*shape], "y": [*target]}`` (deterministic)."""
+
+    def __init__(self, n: int, shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+        gen = torch.Generator().manual_seed(7)
+        self.x = torch.randn(n, *shape, generator=gen)
+        self.y = torch.randn(n, *target, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+def _losses_and_params(model: torch.nn.Module, losses: list[torch.Tensor]) -> dict[str, Any]:
+    from torch.distributed.tensor import DTensor
+
+    params = {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in model.named_parameters()
+    }
+    return {"losses": torch.stack(losses), "params": params}
+
+
+def _ordered(layers: dict[str, torch.nn.Module]) -> torch.nn.Module:
+    from collections import OrderedDict
+
+    return torch.nn.Sequential(OrderedDict(layers))
+
+
+def fsdp2_training(feed: str, steps: int = 3, per_rank: int = 2) -> dict[str, Any]:
+    """An MLP under FSDP2 (``fully_shard`` on a 1-D dp mesh), fed by a ``DistributedSampler``
+    (``feed="sampler"``) or by torchshard (``feed="torchshard"``: ``feed_read_config`` ->
+    ``host_sampler`` -> ``GlobalBatchLoader`` -> ``to_local`` in the step)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ts = _ts()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dm = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    data = Examples(world * per_rank * steps, (4,), (1,))
+    model = _ordered(
+        {"up": torch.nn.Linear(4, 8), "act": torch.nn.ReLU(), "down": torch.nn.Linear(8, 1)}
+    )
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    fully_shard(model, mesh=dm)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+
+    if feed == "sampler":
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
+        for b in DataLoader(data, batch_size=per_rank, sampler=sampler):
+            step(b["x"], b["y"])
+    else:
+        mesh = ts.Mesh.from_device_mesh(dm)
+        partition = ts.P("dp")
+        config = ts.feed_read_config(partition, mesh=mesh)
+        sampler = ts.host_sampler(data, config, shuffle=True, seed=3, drop_last=False)
+        source = DataLoader(data, batch_size=per_rank, sampler=sampler)
+        with mesh, ts.GlobalBatchLoader(source, partition=partition) as loader:
+            for b in loader:
+                local = ts.to_local(b)
+                step(local["x"], local["y"])
+    return _losses_and_params(model, losses)
+
+
+def tp_training(
+    feed: str,
+    sequence_parallel: bool = False,
+    fsdp: bool = True,
+    steps: int = 2,
+    per_row: int = 2,
+    seq: int = 4,
+) -> dict[str, Any]:
+    """An MLP under tensor parallelism (``parallelize_module`` on ``mesh["tp"]`` of a (dp, tp)
+    mesh; ``fsdp``: and FSDP2 over ``mesh["dp"]``; ``sequence_parallel``: a LayerNorm under
+    ``SequenceParallel`` first, its input split along the sequence), fed by a
+    ``DistributedSampler`` over the dp rows (each tp rank slicing its part of the sequence by
+    hand for SP) or by torchshard (``feed_read_config`` / ``feed_slices`` ->
+    ``host_to_global_array`` on the (dp, tp) mesh -> ``to_submesh(batch, mesh["tp"])`` in the
+    step; ``feed="process_index"``: the same with the old recipe's shard, one per process)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    ts = _ts()
+    world = dist.get_world_size()
+    tp = 2
+    dp = world // tp
+    dm = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    dp_rank, tp_rank = dm.get_coordinate()
+    width = 6
+    shape = (seq, width) if sequence_parallel else (width,)
+    target = (seq, 1) if sequence_parallel else (1,)
+    data = Examples(dp * per_row * steps, shape, target)
+    layers: dict[str, torch.nn.Module] = {}
+    if sequence_parallel:
+        layers["norm"] = torch.nn.LayerNorm(width)
+    layers.update(up=torch.nn.Linear(width, 8), act=torch.nn.ReLU(), down=torch.nn.Linear(8, 1))
+    model = _ordered(layers)
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    if sequence_parallel:
+        plan = {
+            "norm": SequenceParallel(),
+            "up": ColwiseParallel(input_layouts=Shard(1)),
+            "down": RowwiseParallel(output_layouts=Shard(1)),
+        }
+    else:
+        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+    parallelize_module(model, dm["tp"], plan)
+    if fsdp:  # FSDP2 over dp on top (2-D: parameters sharded over dp, split over tp)
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=dm["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+
+    def step(x: Any, y: torch.Tensor) -> None:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+
+    chunk = seq // tp
+    if feed == "sampler":
+        sampler = DistributedSampler(data, num_replicas=dp, rank=dp_rank, shuffle=True, seed=5)
+        for b in DataLoader(data, batch_size=per_row, sampler=sampler):
+            x, y = b["x"], b["y"]
+            if sequence_parallel:  # SequenceParallel takes a plain input as this rank's part
+                x = x[:, tp_rank * chunk : (tp_rank + 1) * chunk]
+                y = y[:, tp_rank * chunk : (tp_rank + 1) * chunk]
+            step(x, y)
+    else:
+        mesh = ts.Mesh.from_device_mesh(dm)
+        partition = ts.P("dp", "tp") if sequence_parallel else ts.P("dp")
+        config = ts.feed_read_config(partition, mesh=mesh)
+        if feed == "process_index":  # the README's old recipe: one shard per process
+            config = {"num_shards": ts.process_count(), "shard_index": ts.process_index()}
+        sampler = ts.host_sampler(data, config, shuffle=True, seed=5, drop_last=False)
+        for b in DataLoader(data, batch_size=per_row, sampler=sampler):
+            if sequence_parallel:  # this process's part of every sequence
+                cut = ts.feed_slices(partition, (dp * per_row, seq, width), mesh=mesh)[1]
+                b = {"x": b["x"][:, cut], "y": b["y"][:, cut]}
+            with mesh:
+                g = ts.host_to_global_array(b, partition=partition)
+            step(ts.to_submesh(g["x"], dm["tp"]), ts.to_local(g["y"]))
+    return _losses_and_params(model, losses)

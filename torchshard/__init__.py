@@ -19,6 +19,10 @@ from torchshard._backend.xla.env import setup_cpu_emulation as setup_cpu_emulati
 from torchshard._core.agreement import set_agreement_check as set_agreement_check
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
+from torchshard._core.context_parallel import (
+    context_parallel_positions as context_parallel_positions,
+)
+from torchshard._core.context_parallel import head_tail_order as head_tail_order
 from torchshard._core.errors import ShardingError as ShardingError
 from torchshard._core.feed import feed_read_config as feed_read_config
 from torchshard._core.feed import feed_slices as feed_slices
@@ -94,6 +98,7 @@ __all__ = [
     "SpmdInputDispatcher",
     "TensorSpec",
     "complete_partition_spec_tree",
+    "context_parallel_positions",
     "create_device_mesh",
     "current_mesh",
     "data_partition_type_to_spec",
@@ -103,6 +108,7 @@ __all__ = [
     "feed_read_config",
     "feed_slices",
     "global_to_host_array",
+    "head_tail_order",
     "host_sampler",
     "host_to_global_array",
     "host_to_global_device_array",

@@ -32,6 +32,8 @@ SURFACE = {
         "to_local", "to_submesh",
         # feeding from a DataLoader, and feeds from the mesh
         "GlobalBatchLoader", "host_sampler", "sharded_collate", "feed_read_config", "feed_slices",
+        # context parallel on the host
+        "head_tail_order", "context_parallel_positions",
         # checks across processes
         "set_agreement_check", "set_value_check",
         # errors: the base here, every type in torchshard.errors
