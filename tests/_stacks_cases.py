@@ -287,10 +287,12 @@ def _ordered(layers: dict[str, torch.nn.Module]) -> torch.nn.Module:
     return torch.nn.Sequential(OrderedDict(layers))
 
 
-def fsdp2_training(feed: str, steps: int = 3, per_rank: int = 2) -> dict[str, Any]:
+def fsdp2_training(feed: str, steps: int = 3, per_rank: int = 2, epochs: int = 1) -> dict[str, Any]:
     """An MLP under FSDP2 (``fully_shard`` on a 1-D dp mesh), fed by a ``DistributedSampler``
-    (``feed="sampler"``) or by torchshard (``feed="torchshard"``: ``feed_read_config`` ->
-    ``host_sampler`` -> ``GlobalBatchLoader`` -> ``to_local`` in the step)."""
+    (``feed="sampler"``, ``sampler.set_epoch(e)`` each epoch) or by torchshard
+    (``feed="torchshard"``: ``host_sampler(data, P("dp"))`` -> ``GlobalBatchLoader(...,
+    local=True)``, ``loader.set_epoch(e)`` each epoch; ``feed="to_local"``: the global
+    batches and ``to_local`` in the step). ``orders``: each epoch's first inputs."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -317,21 +319,34 @@ def fsdp2_training(feed: str, steps: int = 3, per_rank: int = 2) -> dict[str, An
         opt.step()
         losses.append(loss.detach().clone())
 
+    orders = []
     if feed == "sampler":
         sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=3)
-        for b in DataLoader(data, batch_size=per_rank, sampler=sampler):
-            step(b["x"], b["y"])
+        for e in range(epochs):
+            sampler.set_epoch(e)
+            for i, b in enumerate(DataLoader(data, batch_size=per_rank, sampler=sampler)):
+                if i == 0:
+                    orders.append(b["x"].clone())
+                step(b["x"], b["y"])
     else:
         mesh = ts.Mesh.from_device_mesh(dm)
         partition = ts.P("dp")
-        config = ts.feed_read_config(partition, mesh=mesh)
-        sampler = ts.host_sampler(data, config, shuffle=True, seed=3, drop_last=False)
+        with mesh:
+            sampler = ts.host_sampler(data, partition, shuffle=True, seed=3, drop_last=False)
         source = DataLoader(data, batch_size=per_rank, sampler=sampler)
-        with mesh, ts.GlobalBatchLoader(source, partition=partition) as loader:
-            for b in loader:
-                local = ts.to_local(b)
-                step(local["x"], local["y"])
-    return _losses_and_params(model, losses)
+        local = feed == "torchshard"
+        with mesh, ts.GlobalBatchLoader(source, partition=partition, local=local) as loader:
+            assert loader.sampler is sampler and loader.dataset is data
+            for e in range(epochs):
+                loader.set_epoch(e)
+                for i, b in enumerate(loader):
+                    if not local:
+                        b = ts.to_local(b)
+                    assert type(b["x"]) is torch.Tensor
+                    if i == 0:
+                        orders.append(b["x"].clone())
+                    step(b["x"], b["y"])
+    return {**_losses_and_params(model, losses), "orders": orders}
 
 
 def tp_training(
@@ -413,10 +428,11 @@ def tp_training(
     else:
         mesh = ts.Mesh.from_device_mesh(dm)
         partition = ts.P("dp", "tp") if sequence_parallel else ts.P("dp")
-        config = ts.feed_read_config(partition, mesh=mesh)
+        config: Any = partition  # host_sampler reads the feed of P(...) on the current mesh
         if feed == "process_index":  # the README's old recipe: one shard per process
             config = {"num_shards": ts.process_count(), "shard_index": ts.process_index()}
-        sampler = ts.host_sampler(data, config, shuffle=True, seed=5, drop_last=False)
+        with mesh:
+            sampler = ts.host_sampler(data, config, shuffle=True, seed=5, drop_last=False)
         for b in DataLoader(data, batch_size=per_row, sampler=sampler):
             if sequence_parallel:  # this process's part of every sequence
                 cut = ts.feed_slices(partition, (dp * per_row, seq, width), mesh=mesh)[1]

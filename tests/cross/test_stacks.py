@@ -30,13 +30,21 @@ def _assert_same_training(ours, theirs):
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_fsdp2_through_to_local_equals_a_distributed_sampler_feed(pools, world):
+@pytest.mark.parametrize("feed", ["torchshard", "to_local"], ids=["local=True", "to_local"])
+def test_fsdp2_through_local_views_equals_a_distributed_sampler_feed(pools, world, feed):
+    # GlobalBatchLoader(..., local=True) (or to_local in the step) over host_sampler(P("dp")),
+    # two epochs with loader.set_epoch: the sampler-fed training, bit for bit, epoch by epoch.
     _needs("torch.distributed.fsdp", "fully_shard")
     pool = pools(world)
-    theirs = pool.run("_stacks_cases:fsdp2_training", feed="sampler")
-    ours = pool.run("_stacks_cases:fsdp2_training", feed="torchshard")
+    theirs = pool.run("_stacks_cases:fsdp2_training", feed="sampler", epochs=2)
+    ours = pool.run("_stacks_cases:fsdp2_training", feed=feed, epochs=2)
     _assert_same_training(ours, theirs)
-    assert len(ours[0]["losses"]) == 3
+    assert len(ours[0]["losses"]) == 6
+    for a, b in zip(ours, theirs, strict=True):
+        assert len(a["orders"]) == 2
+        assert torch.equal(a["orders"][0], b["orders"][0])
+        assert torch.equal(a["orders"][1], b["orders"][1])
+        assert not torch.equal(a["orders"][0], a["orders"][1])  # set_epoch reshuffled
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "sp"])

@@ -31,8 +31,10 @@ from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._epoch import Epoch
+from torchshard.data._local import LocalEpoch
 from torchshard.data._position import Cursor
 from torchshard.data._producer import Producer, stateful
+from torchshard.data._source import forward_set_epoch, source_attribute
 from torchshard.data._stats import Counters, LoaderStats
 
 
@@ -54,6 +56,15 @@ class GlobalBatchLoader(Iterable[Any]):
         prefetch: the most batches transferred ahead of the consumer (the batch it holds is
             not counted; no transfer starts before a slot is free). ``0``: no thread, each
             batch is transferred inside ``next()``.
+        local: yield ``torchshard.to_local(batch)`` (DTensor leaves as this process's local
+            blocks, no copy) for steps that compute per process: FSDP2, DDP, torchtitan. The
+            checks and the agreement between processes still run on the global batch. On
+            torch_xla the batch is unchanged (its SPMD step takes global tensors).
+
+    As a ``DataLoader`` does, the loader has ``sampler``, ``batch_sampler`` and ``dataset``
+    (the source's, ``None`` where it has none) and ``set_epoch(epoch)`` (forwarded to the
+    source's sampler, or to the source), so Lightning, accelerate and loops that call
+    ``set_epoch`` reshuffle.
 
     Raises (at the consumer's ``next()`` for the batch concerned, as the original exception
     with a note naming the batch): the source's own errors; ``ShardingError`` (a
@@ -88,6 +99,7 @@ class GlobalBatchLoader(Iterable[Any]):
         mesh: Mesh | None = None,
         dispatcher: Dispatcher | None = None,
         prefetch: int = 2,
+        local: bool = False,
     ) -> None:
         self._setup(
             [loader],
@@ -96,6 +108,7 @@ class GlobalBatchLoader(Iterable[Any]):
             mesh=mesh,
             prefetch=prefetch,
             per_host=False,
+            local=local,
         )
 
     def _setup(
@@ -107,6 +120,7 @@ class GlobalBatchLoader(Iterable[Any]):
         mesh: Mesh | None,
         prefetch: int,
         per_host: bool,
+        local: bool = False,
     ) -> None:
         for h, s in enumerate(sources):
             if not isinstance(s, Iterable):
@@ -135,6 +149,8 @@ class GlobalBatchLoader(Iterable[Any]):
                 f"{len(dispatchers)}."
             )
         prefetch = nonnegative_int(prefetch, "prefetch")
+        if not isinstance(local, bool):
+            raise TypeError(f"local: expected a bool, but got {local!r}.")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"mesh: expected a torchshard.Mesh or None, but got {mesh!r}.")
         self._sources = sources
@@ -143,6 +159,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._mesh = mesh
         self._prefetch = prefetch
         self._per_host = per_host
+        self._local = local
         self._counters = Counters()
         self._epoch: weakref.ref[Epoch] | None = None
         # The consumer's position: the sources' state after the batch it took last (None:
@@ -152,7 +169,8 @@ class GlobalBatchLoader(Iterable[Any]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Starts an epoch: a new iterator over the source.
+        """Starts an epoch: a new iterator over the source (``local=True``: of the batches'
+        local views).
 
         A loader runs one epoch at a time: an earlier epoch's iterator still in progress is
         ended here, and using it again raises ``RuntimeError`` (it does not end silently, nor
@@ -191,7 +209,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._cursor = Cursor(producer.snapshot(), first)
         epoch = Epoch(producer, self._prefetch, counters=self._counters, cursor=self._cursor)
         self._epoch = weakref.ref(epoch)
-        return epoch
+        return LocalEpoch(epoch) if self._local else epoch
 
     def _check_hosts(self, topology: Topology) -> None:
         count, n = len(topology.data_hosts), len(self._sources)
@@ -235,6 +253,31 @@ class GlobalBatchLoader(Iterable[Any]):
         if len(set(lens)) > 1:
             raise ValueError(f"GlobalBatchLoader: the hosts' sources differ in length: {lens}.")
         return lens[0]
+
+    # -- the DataLoader protocol (_source.py) ------------------------------------------------
+    @property
+    def sampler(self) -> Any:
+        """The source's ``sampler`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "sampler")
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The source's ``batch_sampler`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "batch_sampler")
+
+    @property
+    def dataset(self) -> Any:
+        """The source's ``dataset`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "dataset")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwards ``set_epoch(epoch)`` to the source (when it has one), else to its
+        ``sampler`` and ``batch_sampler``: the next ``iter()`` reads the epoch's order.
+
+        Raises:
+            TypeError: ``epoch`` not an int >= 0; a source with nothing to set the epoch on.
+        """
+        forward_set_epoch(self._sources, epoch)
 
     @property
     def stats(self) -> LoaderStats:
