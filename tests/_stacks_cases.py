@@ -441,3 +441,78 @@ def tp_training(
                 g = ts.host_to_global_array(b, partition=partition)
             step(ts.to_submesh(g["x"], dm["tp"]), ts.to_local(g["y"]))
     return _losses_and_params(model, losses)
+
+
+# -- integrations ---------------------------------------------------------------------------
+
+
+def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str, Any]:
+    """torchshard.integrations.torchtitan.dataloader over a per-dp-rank StatefulDataLoader of
+    ``(input_dict, labels)`` batches, the mesh from ``ParallelDims(tp=tp)``; then a fresh
+    loader resumed from the state after two batches."""
+    import torch.distributed as dist
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchtitan.components.dataloader import BaseDataLoader
+
+    from torchshard.integrations.torchtitan import dataloader
+
+    world = dist.get_world_size()
+    try:  # torchtitan 0.3.0's ParallelDims needs spmd_types (not on PyPI): else its fields
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        dims: Any = ParallelDims(
+            dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=1, world_size=world
+        )
+    except ImportError:
+        import types
+
+        dims = types.SimpleNamespace(
+            dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, world_size=world
+        )
+    dp = world // tp
+    n = dp * per_rank * batches
+    tokens = torch.arange(n * 4).reshape(n, 4)
+
+    class Pairs(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> Any:
+            return {"input": tokens[i]}, tokens[i] + 1
+
+    def source(dp_rank: int) -> Any:
+        sampler = torch.utils.data.DistributedSampler(
+            Pairs(), num_replicas=dp, rank=dp_rank, shuffle=True, seed=1
+        )
+        return StatefulDataLoader(Pairs(), batch_size=per_rank, sampler=sampler)
+
+    first = None
+    dp_rank = dist.get_rank() // tp  # torchtitan's layout: tp innermost
+    loader = dataloader(source(dp_rank), parallel_dims=dims)
+    own = [b for b in source(dp_rank)]  # the stock per-rank feed
+    got, state = [], None
+    for i, b in enumerate(loader):
+        got.append(b)
+        if i == 1:
+            state = loader.state_dict()
+        if first is None:
+            first = b
+    resumed = dataloader(source(dp_rank), parallel_dims=dims)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    return {
+        "is_base": isinstance(loader, BaseDataLoader),
+        "dp": (loader.dp_rank, loader.dp_world_size),
+        "expected_dp": (dp_rank, dp),
+        "plain": all(type(t) is torch.Tensor for b in got for t in (b[0]["input"], b[1])),
+        "equal_own": all(
+            torch.equal(a[0]["input"], o[0]["input"]) and torch.equal(a[1], o[1])
+            for a, o in zip(got, own, strict=True)
+        ),
+        "state_keys": sorted(state),
+        "resumed_equal": len(rest) == batches - 2
+        and all(
+            torch.equal(a[0]["input"], o[0]["input"]) for a, o in zip(rest, own[2:], strict=True)
+        ),
+        "mesh": dict(loader.loader._mesh.shape) if loader.loader._mesh is not None else None,
+    }
