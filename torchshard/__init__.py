@@ -19,7 +19,13 @@ from torchshard._backend.xla.env import setup_cpu_emulation as setup_cpu_emulati
 from torchshard._core.agreement import set_agreement_check as set_agreement_check
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
+from torchshard._core.context_parallel import (
+    context_parallel_positions as context_parallel_positions,
+)
+from torchshard._core.context_parallel import head_tail_order as head_tail_order
 from torchshard._core.errors import ShardingError as ShardingError
+from torchshard._core.feed import feed_read_config as feed_read_config
+from torchshard._core.feed import feed_slices as feed_slices
 from torchshard._core.layout import LayoutBlock as LayoutBlock
 from torchshard._core.layout import ShardingLayout as ShardingLayout
 from torchshard._core.layout import describe_layout as describe_layout
@@ -54,6 +60,8 @@ from torchshard._step.dispatch import (
 )
 from torchshard._step.dispatch import dispatch_input_batch as dispatch_input_batch
 from torchshard._step.input_dispatcher import InputDispatcher as InputDispatcher
+from torchshard._step.local_views import to_local as to_local
+from torchshard._step.local_views import to_submesh as to_submesh
 from torchshard._step.spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._visualize.sharding import visualize_sharding as visualize_sharding
 from torchshard.data._collate import sharded_collate as sharded_collate
@@ -91,13 +99,17 @@ __all__ = [
     "SpmdInputDispatcher",
     "TensorSpec",
     "complete_partition_spec_tree",
+    "context_parallel_positions",
     "create_device_mesh",
     "current_mesh",
     "data_partition_type_to_spec",
     "describe_layout",
     "dispatch_input_batch",
     "errors",
+    "feed_read_config",
+    "feed_slices",
     "global_to_host_array",
+    "head_tail_order",
     "host_sampler",
     "host_to_global_array",
     "host_to_global_device_array",
@@ -113,6 +125,8 @@ __all__ = [
     "setup_cpu_emulation",
     "sharded_collate",
     "stream_shard",
+    "to_local",
+    "to_submesh",
     "visualize_sharding",
     "with_sharding_constraint",
 ]

@@ -1,7 +1,8 @@
 """What a runtime implements (torchshard._backend.protocols): the ``Backend`` record and its
 protocols. Both shipped records implement the four every runtime has, member by member with the
-protocol's parameters; torch_xla's has no limits, process checks or device threads (``None``,
-not no-op members), DTensor's has all three."""
+protocol's parameters; torch_xla's has no limits, process checks, device threads or local
+views (``None``, not no-op members: its SPMD step takes global tensors), DTensor's has all
+four."""
 
 import dataclasses
 import inspect
@@ -22,6 +23,7 @@ OPTIONAL = {
     "limits": protocols.LayoutLimits,
     "processes": protocols.ProcessChecks,
     "threads": protocols.DeviceThreads,
+    "views": protocols.LocalViews,
 }
 
 
@@ -65,7 +67,7 @@ def test_every_backend_implements_the_four_protocols(name):
 
 def test_torch_xla_has_none_of_the_optional_protocols():
     backend = lookup("xla")
-    assert (backend.limits, backend.processes, backend.threads) == (None, None, None)
+    assert (backend.limits, backend.processes, backend.threads, backend.views) == (None,) * 4
 
 
 def test_dtensor_has_every_optional_protocol():

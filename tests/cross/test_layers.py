@@ -11,7 +11,8 @@ Layers, lowest first (``docs/design.md``, "The map"):
    views, placement, replicas, read-back).
 4. ``torchshard._step`` (in-step constraints and dispatch) and ``torchshard._visualize``.
 5. ``torchshard.data``; 6. ``torchshard.testing``; 7. ``torchshard`` and ``torchshard.errors``
-(the public re-exports); 8. ``torchshard._tools`` (command line, demo, benchmarks);
+(the public re-exports), ``torchshard.integrations`` (the stacks' adapters);
+8. ``torchshard._tools`` (command line, demo, benchmarks);
 9. ``torchshard.__main__``.
 
 Every ``import`` statement counts, function-local ones included (they are how circles hid
@@ -41,6 +42,7 @@ LAYERS = {
     "data": 5,
     "testing": 6,
     "errors": 7,
+    "integrations": 7,
     "_tools": 8,
 }
 PUBLIC = 7
@@ -181,6 +183,7 @@ def test_the_core_imports_only_the_standard_library_numpy_and_optree():
                 "torchshard._backend.dtensor.checks",
                 "torchshard._backend.dtensor.collective",
                 "torchshard._backend.dtensor.mesh",
+                "torchshard._backend.dtensor.views",
                 "torchshard._backend.dtensor._torch_private",
             },
         ),

@@ -28,8 +28,13 @@ SURFACE = {
         "replicate_to_local_data",
         # in the step
         "with_sharding_constraint", "maybe_shard", "InputDispatcher", "SpmdInputDispatcher",
-        # feeding from a DataLoader
+        # local views, for steps that compute per process
+        "to_local", "to_submesh",
+        # feeding from a DataLoader, and feeds from the mesh
         "GlobalBatchLoader", "host_sampler", "sharded_collate", "stream_shard",
+        "feed_read_config", "feed_slices",
+        # context parallel on the host
+        "head_tail_order", "context_parallel_positions",
         # checks across processes
         "set_agreement_check", "set_value_check",
         # errors: the base here, every type in torchshard.errors

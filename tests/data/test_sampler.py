@@ -71,8 +71,9 @@ def test_set_epoch_changes_the_order_on_every_host_alike():
             [2, 0],
             TypeError,
             (
-                "dispatcher_or_feed_config: expected an input dispatcher (with feed_read_config()) "
-                "or a dict {'num_shards': int, 'shard_index': int}, but got list."
+                "dispatcher_or_feed_config: expected a PartitionSpec (the batch's layout on the "
+                "current mesh, e.g. P('dp')), an input dispatcher (with feed_read_config()) or a "
+                "dict {'num_shards': int, 'shard_index': int}, but got list."
             ),
         ),
         (
@@ -109,6 +110,30 @@ def test_set_epoch_changes_the_order_on_every_host_alike():
 def test_bad_config(config, error, msg):
     with pytest.raises(error, match=f"^{re.escape(msg)}$"):
         ts.host_sampler(range(8), config)
+
+
+def test_a_spec_reads_the_feed_of_the_current_mesh():
+    # virtual hosts emulate on torch_xla; DTensor's side: tests/cross/test_stacks.py (tp_training)
+    pytest.importorskip("torch_xla", reason="virtual_hosts emulates hosts on torch_xla")
+    # (dp=2, tp=4) over 4 hosts of 2 devices: hosts 0, 1 hold dp row 0, hosts 2, 3 row 1, so
+    # the tp peers read the same examples (process_index() would give them different ones).
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("dp", "tp"))
+    got = []
+    for h in range(4):
+        with virtual_hosts(4, process_index=h), mesh:
+            sampler = ts.host_sampler(range(8), ts.P("dp"), shuffle=False)
+            assert (sampler.num_replicas, sampler.rank) == (2, h // 2)
+            got.append(list(sampler))
+            full = list(ts.host_sampler(range(8), ts.DataPartitionType.FULL, shuffle=False))
+            assert full == list(range(8))[h::4]  # FULL: every host its own block
+    assert got == [[0, 2, 4, 6], [0, 2, 4, 6], [1, 3, 5, 7], [1, 3, 5, 7]]
+    with pytest.raises(
+        ts.errors.NoMeshError,
+        match=re.escape(
+            "host_sampler(dataset, P('dp',)): feed_read_config must be called inside `with mesh:`"
+        ),
+    ):
+        ts.host_sampler(range(8), ts.P("dp"))
 
 
 def test_dataset_needs_a_length():

@@ -78,6 +78,34 @@ def test_spmd_feeds_follow_the_mesh(num_hosts):
         )
 
 
+@pytest.mark.parametrize(
+    ("names", "spec"),
+    [(("dp", "tp"), P("dp", "tp")), (("dp", "cp"), P("dp", None, "cp")), (("dp", "tp"), P(None))],
+)
+def test_specs_that_split_other_dims_feed_dim_0_and_slice_the_rest(names, spec):
+    """The issue's complaint: SpmdInputDispatcher refused P("dp", "tp"). Its feed is dim 0's
+    (feed_read_config's), each host supplies its slice of the other dims (feed_slices), and the
+    assembled batch is the global value."""
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), names)
+    shape = (8, 4, 8)
+    g = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with mesh:
+        blocks = []
+        for h in range(4):
+            with virtual_hosts(4, process_index=h):
+                d = ts.SpmdInputDispatcher(8, partition_spec=spec)
+                assert d.feed_read_config() == ts.feed_read_config(spec)
+                cut = ts.feed_slices(spec, shape)
+            rows = d.feed_logical_batch_size
+            index = d.feed_read_config()["shard_index"]
+            assert (cut[0].start, cut[0].stop) == (index * rows, (index + 1) * rows)
+            blocks.append({"x": d.logical_to_physical_batch({"x": g[cut]})["x"]})
+        with virtual_hosts(4):
+            out = host_to_global_array_per_host(blocks, partition=d.partition_spec)
+        out = ts.replicate_to_local_data(d.physical_to_logical_batch(out))
+    np.testing.assert_array_equal(out["x"].numpy(), g)
+
+
 def test_spmd_validate():
     mesh = ts.Mesh(np.arange(8).reshape(1, 8), ("x", "y"))
     with mesh:
@@ -92,13 +120,10 @@ def test_spmd_validate():
         with pytest.raises(ValueError, match=re.escape("partition_spec=P() cannot be empty.")):
             ts.SpmdInputDispatcher(4, partition_spec=P())
         with pytest.raises(
-            NotImplementedError,
-            match=re.escape(
-                "Partitioning along non-batch dims is not supported by input dispatch: "
-                "P('x', 'y'); only dim 0 may be split."
-            ),
+            ts.ShardingError,
+            match=re.escape("entry 1 is UNCONSTRAINED, which only maybe_shard accepts"),
         ):
-            ts.SpmdInputDispatcher(4, partition_spec=P("x", "y"))
+            ts.SpmdInputDispatcher(4, partition_spec=P("x", P.UNCONSTRAINED))
         with pytest.raises(TypeError, match="partition_spec must be a PartitionSpec"):
             ts.SpmdInputDispatcher(4, partition_spec=("x",))
         with pytest.raises(

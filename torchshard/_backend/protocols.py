@@ -8,7 +8,7 @@ Every backend implements the four that every runtime has:
 - ``InStep``: in-step annotations and the two primitives of in-step dispatch;
 - ``Meshes``: the runtime's own mesh objects, and the runtime's current mesh.
 
-A backend implements the other three only when its runtime has what they describe; the
+A backend implements the other four only when its runtime has what they describe; the
 record holds ``None`` otherwise, and the callers skip the step (nothing is a no-op member):
 
 - ``LayoutLimits``: shardings the runtime cannot express (DTensor's; torch_xla's: a sharded
@@ -16,7 +16,10 @@ record holds ``None`` otherwise, and the callers skip the step (nothing is a no-
 - ``ProcessChecks``: cheap collectives outside a step, which compare what the processes pass
   (DTensor; torch_xla has none);
 - ``DeviceThreads``: a current device per thread and copy streams to fence (DTensor on an
-  accelerator; torch_xla places through its runtime).
+  accelerator; torch_xla places through its runtime);
+- ``LocalViews``: global tensors as per-process tensors, for steps that compute per process
+  (DTensor's local blocks, and re-homing on a sub-mesh; torch_xla's SPMD step takes the global
+  tensors themselves, so ``torchshard.to_local`` leaves them as they are).
 
 Everything above this boundary (specs, meshes, index maths, tree handling, validation, global
 shape inference, which host slice goes to which device) is backend-independent.
@@ -287,12 +290,31 @@ class DeviceThreads(Protocol):
         ...
 
 
+class LocalViews(Protocol):
+    """Global tensors as the per-process tensors of a step that computes per process."""
+
+    def to_local(self, x: torch.Tensor) -> torch.Tensor:
+        """This process's block of the global tensor ``x`` as a plain tensor of its device,
+        without copying (DTensor: ``to_local()``, differentiable). Raises ``ShardingError``
+        (without a tree path) when the block is not one of ``x``'s value (partial sums)."""
+        ...
+
+    def to_submesh(self, x: torch.Tensor, submesh: Mesh) -> torch.Tensor:
+        """The global tensor ``x`` re-homed on ``submesh``, a sub-mesh of ``x``'s own mesh that
+        holds this process (``submesh.native`` may be the runtime's sub-mesh object): the block
+        of ``x`` that this process's peers along ``submesh``'s axes hold together, with
+        ``x``'s placements on those axes; this process's local block is unchanged (no copy).
+        Raises ``ShardingError`` (without a tree path) when ``submesh`` is not such a sub-mesh
+        or the block cannot be expressed on it."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Backend:
     """A runtime, as torchshard sees it: its name and the protocols it implements.
 
-    ``limits``, ``processes`` and ``threads`` are ``None`` when the runtime has nothing they
-    describe (torch_xla: all three).
+    ``limits``, ``processes``, ``threads`` and ``views`` are ``None`` when the runtime has
+    nothing they describe (torch_xla: all four).
     """
 
     name: str
@@ -303,3 +325,4 @@ class Backend:
     limits: LayoutLimits | None = None
     processes: ProcessChecks | None = None
     threads: DeviceThreads | None = None
+    views: LocalViews | None = None

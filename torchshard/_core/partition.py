@@ -39,7 +39,8 @@ def input_partition_spec() -> PartitionSpec:
     return PartitionSpec(require_mesh("input_partition_spec()").axis_names)
 
 
-def _batch_spec(mesh: Mesh) -> PartitionSpec:
+def batch_spec(mesh: Mesh) -> PartitionSpec:
+    """The spec ``DataPartitionType.BATCH`` stands for on ``mesh``."""
     batch = tuple(a for a in mesh.axis_names if a in BATCH_AXES)
     seq = tuple(a for a in mesh.axis_names if a in SEQ_AXES)
     if not batch:
@@ -87,7 +88,7 @@ def _one(partition: Any, where: str = "partition") -> PartitionSpec | None:
     if partition is DataPartitionType.REPLICATED:
         return PartitionSpec(None)
     if partition is DataPartitionType.BATCH:
-        return _batch_spec(require_mesh("data_partition_type_to_spec(BATCH)"))
+        return batch_spec(require_mesh("data_partition_type_to_spec(BATCH)"))
     raise unsupported_partition(partition, where)
 
 

@@ -3,7 +3,9 @@ global batch directly (axlearn's ``SpmdInputDispatcher``).
 
 The feed index and count along the batch dimension come from
 ``NamedSharding(mesh, partition_spec).process_index_and_count(0)`` on the current mesh and
-topology (virtual hosts included); batch conversions are the identity.
+topology (virtual hosts included); batch conversions are the identity. A spec may split other
+dimensions too (``P("dp", "tp")``, ``P("dp", "cp")`` on a sequence dim): the feed is dim 0's,
+and each host supplies its slice of the others (``torchshard.feed_slices``).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ class SpmdInputDispatcher:
 
     Args:
         global_logical_batch_size: the examples per step.
-        partition_spec: how the batch is split; only dim 0 may be split.
+        partition_spec: how the batch is split. Its dim 0 decides the feeds; where it splits
+            other dims too (``P("dp", "tp")``), each host's block holds its slice of them
+            (``torchshard.feed_slices(partition_spec, global_shape)``), which the dispatcher
+            does not check (dim 0 is the batch it counts).
 
     Raises:
         NoMeshError: outside ``with mesh:``.
         ValueError: an empty spec, or a batch not divisible by the partitions of dim 0.
-        NotImplementedError: a spec that splits another dimension.
+        NonUniformShardingError: the processes' blocks of dim 0 are not equal, disjoint groups.
 
     Example (mesh ``(4, 2)``, axes ``data``/``model``, on host 1 of 2):
         >>> from torchshard.testing import virtual_hosts
@@ -53,11 +58,6 @@ class SpmdInputDispatcher:
             raise TypeError(f"partition_spec must be a PartitionSpec, but got {partition_spec!r}.")
         if not partition_spec:
             raise ValueError(f"partition_spec={partition_spec!r} cannot be empty.")
-        if any(entry is not None for entry in partition_spec[1:]):
-            raise NotImplementedError(
-                "Partitioning along non-batch dims is not supported by input dispatch: "
-                f"{partition_spec!r}; only dim 0 may be split."
-            )
         sharding = NamedSharding(mesh, as_partition_spec(partition_spec))
         num_partitions = math.prod(mesh.shape[a] for a in spec_entry_axes(partition_spec[0]))
         if logical % num_partitions:

@@ -35,8 +35,10 @@ from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data import _state
 from torchshard.data._ends import check_policy, full_rows
 from torchshard.data._epoch import Epoch
+from torchshard.data._local import LocalEpoch
 from torchshard.data._position import Cursor
 from torchshard.data._producer import Producer, Stream
+from torchshard.data._source import forward_set_epoch, source_attribute
 from torchshard.data._stats import Counters, LoaderStats, warmup_batches
 from torchshard.data._stream import record_for_workers
 
@@ -85,6 +87,15 @@ class GlobalBatchLoader(Iterable[Any]):
             With ``"drop"``/``"pad"`` on several processes (DTensor), every ``next()``
             exchanges each process's status through the default group's store, also with the
             agreement check off (bounded by the group's timeout, like the check).
+        local: yield ``torchshard.to_local(batch)`` (DTensor leaves as this process's local
+            blocks, no copy) for steps that compute per process: FSDP2, DDP, torchtitan. The
+            checks and the agreement between processes still run on the global batch. On
+            torch_xla the batch is unchanged (its SPMD step takes global tensors).
+
+    As a ``DataLoader`` does, the loader has ``sampler``, ``batch_sampler`` and ``dataset``
+    (the source's, ``None`` where it has none) and ``set_epoch(epoch)`` (forwarded to the
+    source's sampler, or to the source), so Lightning, accelerate and loops that call
+    ``set_epoch`` reshuffle.
 
     Raises (at the consumer's ``next()`` for the batch concerned, as the original exception
     with a note naming the batch): the source's own errors; ``ShardingError`` (a
@@ -121,6 +132,7 @@ class GlobalBatchLoader(Iterable[Any]):
         prefetch: int = 2,
         prefetch_bytes: int | None = None,
         last_batch: str = "error",
+        local: bool = False,
     ) -> None:
         self._setup(
             [loader],
@@ -131,6 +143,7 @@ class GlobalBatchLoader(Iterable[Any]):
             per_host=False,
             prefetch_bytes=prefetch_bytes,
             last_batch=last_batch,
+            local=local,
         )
 
     def _setup(
@@ -144,6 +157,7 @@ class GlobalBatchLoader(Iterable[Any]):
         per_host: bool,
         prefetch_bytes: int | None = None,
         last_batch: str = "error",
+        local: bool = False,
     ) -> None:
         for h, s in enumerate(sources):
             if not isinstance(s, Iterable):
@@ -176,6 +190,8 @@ class GlobalBatchLoader(Iterable[Any]):
             prefetch_bytes = positive_int(prefetch_bytes, "prefetch_bytes")
         self._last_batch = check_policy(last_batch)
         self._prefetch_bytes = prefetch_bytes
+        if not isinstance(local, bool):
+            raise TypeError(f"local: expected a bool, but got {local!r}.")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"mesh: expected a torchshard.Mesh or None, but got {mesh!r}.")
         self._sources = sources
@@ -184,6 +200,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._mesh = mesh
         self._prefetch = prefetch
         self._per_host = per_host
+        self._local = local
         self._counters = Counters()
         self._epoch: weakref.ref[Epoch] | None = None
         # The consumer's position: the sources' state after the batch it took last (None:
@@ -196,7 +213,8 @@ class GlobalBatchLoader(Iterable[Any]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Starts an epoch: a new iterator over the source.
+        """Starts an epoch: a new iterator over the source (``local=True``: of the batches'
+        local views).
 
         A loader runs one epoch at a time: an earlier epoch's iterator still in progress is
         ended here, and using it again raises ``RuntimeError`` (it does not end silently, nor
@@ -282,7 +300,7 @@ class GlobalBatchLoader(Iterable[Any]):
             warmup=warmup_batches(self._sources),
         )
         self._epoch = weakref.ref(epoch)
-        return epoch
+        return LocalEpoch(epoch) if self._local else epoch
 
     def _check_hosts(self, topology: Topology) -> None:
         count, n = len(topology.data_hosts), len(self._sources)
@@ -326,6 +344,31 @@ class GlobalBatchLoader(Iterable[Any]):
         if len(set(lens)) > 1:
             raise ValueError(f"GlobalBatchLoader: the hosts' sources differ in length: {lens}.")
         return lens[0]
+
+    # -- the DataLoader protocol (_source.py) ------------------------------------------------
+    @property
+    def sampler(self) -> Any:
+        """The source's ``sampler`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "sampler")
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The source's ``batch_sampler`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "batch_sampler")
+
+    @property
+    def dataset(self) -> Any:
+        """The source's ``dataset`` (``None`` when it has none)."""
+        return source_attribute(self._sources, "dataset")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwards ``set_epoch(epoch)`` to the source (when it has one), else to its
+        ``sampler`` and ``batch_sampler``: the next ``iter()`` reads the epoch's order.
+
+        Raises:
+            TypeError: ``epoch`` not an int >= 0; a source with nothing to set the epoch on.
+        """
+        forward_set_epoch(self._sources, epoch)
 
     @property
     def stats(self) -> LoaderStats:

@@ -17,7 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from torchshard._core.errors import at
+from torchshard._core.errors import ShardingError, at
+from torchshard._core.feed import feed_read_config
+from torchshard._core.spec import DataPartitionType, PartitionSpec
 
 _KEYS = ("num_shards", "shard_index")
 STATE_KEYS = (
@@ -43,14 +45,21 @@ def _index(value: Any) -> int | None:
 def _read_config(dispatcher_or_feed_config: Any) -> tuple[int, int]:
     arg = "dispatcher_or_feed_config"
     config = dispatcher_or_feed_config
-    if callable(getattr(config, "feed_read_config", None)):
+    if isinstance(config, (PartitionSpec, DataPartitionType)):
+        # The feed of dim 0 on the current mesh: processes that hold one block read one shard.
+        try:
+            config = feed_read_config(config)
+        except ShardingError as e:
+            raise type(e)(f"host_sampler(dataset, {config!r}): {e}") from None
+    elif callable(getattr(config, "feed_read_config", None)):
         config = config.feed_read_config()
         arg = f"{arg}.feed_read_config()"
     if not isinstance(config, Mapping):
         raise TypeError(
             at(
                 arg,
-                f"expected an input dispatcher (with feed_read_config()) or a dict "
+                "expected a PartitionSpec (the batch's layout on the current mesh, e.g. "
+                "P('dp')), an input dispatcher (with feed_read_config()) or a dict "
                 f"{{'num_shards': int, 'shard_index': int}}, but got {type(config).__name__}.",
             )
         )
@@ -220,8 +229,9 @@ def host_sampler(
 ) -> HostSampler:
     """A sampler over this host's shard of ``dataset`` (``DistributedSampler``'s order).
 
-    Shard ``shard_index`` of ``num_shards`` (from ``dispatcher.feed_read_config()``, or the
-    dict itself) holds every ``num_shards``-th index of the epoch's (shuffled) order, starting
+    Shard ``shard_index`` of ``num_shards`` (for a spec, ``torchshard.feed_read_config(spec)``
+    on the current mesh; for a dispatcher, ``dispatcher.feed_read_config()``; or the dict
+    itself) holds every ``num_shards``-th index of the epoch's (shuffled) order, starting
     at ``shard_index``. With ``drop_last=True`` every shard has ``len(dataset) // num_shards``
     indices and no two shards share an example, so the hosts' batches, assembled, hold every
     example at most once per epoch (exactly once when the shard size is a multiple of the
@@ -240,7 +250,10 @@ def host_sampler(
 
     Args:
         dataset: a map-style dataset (with ``len()``).
-        dispatcher_or_feed_config: an ``InputDispatcher`` or ``{"num_shards", "shard_index"}``.
+        dispatcher_or_feed_config: the batch's ``PartitionSpec`` (or ``DataPartitionType``)
+            on the current mesh, e.g. ``P("dp")``: processes whose devices hold the same block
+            of dim 0 read the same shard (on a ``(dp, tp)`` mesh the tp peers read the same
+            examples); an ``InputDispatcher``; or ``{"num_shards", "shard_index"}``.
         shuffle: shuffle the indices (the same permutation on every host).
         seed: the shuffling seed.
         drop_last: drop the tail so that every shard has the same size (else every example
@@ -250,6 +263,9 @@ def host_sampler(
         ValueError: with ``drop_last=True``, a dataset smaller than ``num_shards`` (every
             host's epoch would be empty). ``TypeError``: a config value that is no integer
             (numpy integers are accepted; bools and floats are not).
+
+    Raises:
+        NoMeshError: a spec outside any mesh; else as ``torchshard.feed_read_config``.
 
     Example:
         >>> feed = {"num_shards": 2, "shard_index": 1}

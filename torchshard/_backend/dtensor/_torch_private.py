@@ -25,6 +25,12 @@ if TYPE_CHECKING:
 # placements)`: this rank's local shape and global offset (used by distributed checkpointing),
 # which knows DTensor's uneven and strided splits. Checked on torch 2.9.0, 2.13.0, 2.14.1,
 # 2.15.0 (same signature and result).
+# torch's context_parallel load balancer, the order `head_tail_order` reproduces (the tests'
+# oracle; torchshard itself computes the order without it): torch 2.14.1 has
+# `torch.distributed.tensor.experimental._context_parallel._load_balancer._HeadTailLoadBalancer(
+# seq_length, world_size, device)._generate_indices(restore=...)` (shape (1, seq_len)); torch
+# 2.9.0 has `torch.distributed.tensor.experimental._attention._generate_round_robin_indices(
+# seq_length, cp_world_size, device, restore=...)` (shape (seq_len,)). Checked on both.
 # `torch.distributed.distributed_c10d._get_default_store()`: the default group's store (torch's
 # own store-based barriers use it), which the bounded collectives write arrival records to.
 # `torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)`: a group's timeout
@@ -41,6 +47,7 @@ from torch.distributed.tensor.placement_types import _StridedShard as StridedSha
 
 __all__ = [
     "StridedShard",
+    "context_parallel_indices",
     "default_store",
     "is_strided_shard",
     "local_shape_and_offset",
@@ -81,3 +88,23 @@ def local_offset(x: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     own (``local_shape_and_offset``), which knows its sequential splitting of uneven and
     ``_StridedShard`` layouts."""
     return local_shape_and_offset(x.shape, x.device_mesh, x.placements)
+
+
+def context_parallel_indices(seq_len: int, cp_size: int, *, restore: bool = False) -> list[int]:
+    """torch's own head-tail order of ``context_parallel`` (``restore``: its inverse), from its
+    private load balancer: the oracle of ``torchshard.head_tail_order``. Imported on first use
+    (the module of torch 2.14, else the function of torch 2.9)."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel._load_balancer import (  # type: ignore[import-not-found, unused-ignore]
+            _HeadTailLoadBalancer,
+        )
+    except ImportError:  # torch 2.9
+        import torch
+        from torch.distributed.tensor.experimental._attention import (  # type: ignore[attr-defined, unused-ignore]
+            _generate_round_robin_indices,
+        )
+
+        cpu = torch.device("cpu")
+        return _generate_round_robin_indices(seq_len, cp_size, cpu, restore=restore).tolist()
+    balancer = _HeadTailLoadBalancer(seq_len, cp_size, "cpu")
+    return balancer._generate_indices(restore=restore)[0].tolist()

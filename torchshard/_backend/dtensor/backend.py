@@ -42,6 +42,7 @@ from torchshard._backend.dtensor.mesh import (
     require_process_group,
     topology,
 )
+from torchshard._backend.dtensor.views import DTensorViews, contiguous_stride
 from torchshard._backend.protocols import AgreementCall, Backend, LocalShard, MakeGlobal
 from torchshard._backend.registry import register
 from torchshard._core.agreement import (
@@ -89,14 +90,6 @@ def placements(mesh: Mesh, axes: DimAxes) -> tuple[Placement, ...]:
         for a in dim:
             dim_of[a] = d
     return tuple(Shard(dim_of[a]) if a in dim_of else Replicate() for a in mesh.axis_names)
-
-
-def _contiguous_stride(shape: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
 
 
 def _is_strided(p: Placement) -> TypeGuard[StridedShard]:
@@ -177,7 +170,7 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> torch.Tensor:
             x.placements,
             run_check=False,
             shape=torch.Size(shape),
-            stride=_contiguous_stride(shape),
+            stride=contiguous_stride(shape),
         )
     start, held = local_offset(x)[1][0], local.shape[0]
     dtype = _SUM_CASTS.get(local.dtype, local.dtype)
@@ -199,7 +192,7 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> torch.Tensor:
         partial,
         run_check=False,
         shape=torch.Size(shape),
-        stride=_contiguous_stride(shape),
+        stride=contiguous_stride(shape),
     ).redistribute(dm, x.placements)
     if view is not None:
         return _reinterpret(out, x.dtype)
@@ -278,7 +271,7 @@ class DTensorRuntime:
             placements(mesh, axes),
             run_check=False,
             shape=torch.Size(global_shape),
-            stride=_contiguous_stride(global_shape),
+            stride=contiguous_stride(global_shape),
         )
 
     def global_maker(self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]) -> MakeGlobal:
@@ -443,5 +436,6 @@ BACKEND = Backend(
     limits=_DTENSOR,
     processes=DTensorChecks(),
     threads=_DTENSOR,
+    views=DTensorViews(),
 )
 register(BACKEND)

@@ -1,0 +1,58 @@
+"""accelerate (torchshard.integrations.accelerate): ``prepare`` passes a GlobalBatchLoader
+through, refuses a DataLoader already sharded per process (accelerate would shard it again),
+and prepares everything else as accelerate does. Skips without accelerate."""
+
+import re
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+accelerate = pytest.importorskip(
+    "accelerate", reason="needs accelerate: pip install 'torchshard[stacks]'"
+)
+
+import torchshard as ts  # noqa: E402
+from torchshard.integrations.accelerate import prepare  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def accelerator():
+    return accelerate.Accelerator(cpu=True)
+
+
+def test_a_global_batch_loader_passes_through(accelerator):
+    data = torch.arange(16.0).reshape(8, 2)
+    sampler = ts.host_sampler(data, {"num_shards": 1, "shard_index": 0})
+    loader = ts.GlobalBatchLoader(DataLoader(data, batch_size=2, sampler=sampler), local=True)
+    model = torch.nn.Linear(2, 1)
+    got_model, got_loader = prepare(accelerator, model, loader)
+    assert got_loader is loader
+    assert isinstance(got_model, torch.nn.Module)
+    assert prepare(accelerator, loader) is loader
+
+
+def test_a_dataloader_on_a_host_sampler_is_refused(accelerator):
+    data = torch.arange(16.0).reshape(8, 2)
+    sampler = ts.host_sampler(data, {"num_shards": 2, "shard_index": 1})
+    inner = DataLoader(data, batch_size=2, sampler=sampler)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "prepare: objects[1] is a DataLoader that already reads shard 1 of 2 (its sampler "
+            "is a DistributedSampler, e.g. torchshard.host_sampler's); accelerate would shard "
+            "it again, so each process would see only part of its shard. Pass the "
+            "torchshard.GlobalBatchLoader that wraps it instead"
+        ),
+    ):
+        prepare(accelerator, torch.nn.Linear(2, 1), inner)
+    # a DataLoader over the whole dataset is accelerate's to shard
+    whole = DataLoader(data, batch_size=2)
+    assert prepare(accelerator, whole) is not None
+
+
+def test_not_an_accelerator():
+    with pytest.raises(
+        TypeError, match=re.escape("prepare: expected an accelerate.Accelerator, but got str.")
+    ):
+        prepare("acc", torch.nn.Linear(2, 1))

@@ -1,0 +1,56 @@
+"""torchtitan (torchshard.integrations.torchtitan), on gloo processes (2 ranks: dp 2; 4 ranks:
+dp 2 x tp 2): ``dataloader(source, parallel_dims=...)`` is a torchtitan ``BaseDataLoader`` on
+the data-loading mesh of ``ParallelDims``, yields local tensors equal to the stock per-rank
+feed, keys its state by dp rank (as torchtitan's own loader) and resumes exactly. Skips
+without torchtitan."""
+
+import re
+
+import _stacks_cases  # noqa: F401 -- the workers import it; here it must import too
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "torchtitan.components.dataloader", reason="needs torchtitan: pip install 'torchshard[stacks]'"
+)
+from torchshard.integrations.torchtitan import dataloader, dataloading_mesh
+
+
+@pytest.mark.parametrize(("world", "tp"), [(2, 1), (4, 2)])
+def test_the_loader_is_torchtitans_and_feeds_the_stock_rows(pools, world, tp):
+    results = pools(world).run("_stacks_cases:torchtitan_loader", tp=tp)
+    for rank, r in enumerate(results):
+        dp_rank = rank // tp
+        assert r["is_base"] and r["plain"] and r["equal_own"] and r["resumed_equal"], r
+        assert r["dp"] == r["expected_dp"] == (dp_rank, world // tp)
+        assert r["state_keys"] == [f"dp_rank_{dp_rank}", "world_size"]
+        assert r["mesh"] == {"pp": 1, "batch": world // tp, "cp": 1, "tp": tp}
+
+
+class Dims:
+    pp, dp_replicate, dp_shard, cp, tp, world_size = 1, 2, 2, 1, 2, 8
+
+
+def test_the_dataloading_mesh_is_torchtitans_layout():
+    mesh = dataloading_mesh(Dims())
+    assert mesh.axis_names == ("pp", "batch", "cp", "tp")
+    assert np.array_equal(mesh.devices, np.arange(8).reshape(1, 4, 1, 2))
+
+
+def test_arguments():
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "torchtitan.dataloader: pass exactly one of parallel_dims (torchtitan's "
+            "ParallelDims: its data-loading mesh) and mesh (a torchshard.Mesh), but got neither."
+        ),
+    ):
+        dataloader([])
+    with pytest.raises(TypeError, match=re.escape("parallel_dims: expected torchtitan's")):
+        dataloading_mesh(object())
+
+    class Unresolved(Dims):
+        dp_shard = -1
+
+    with pytest.raises(ValueError, match=re.escape("is not world_size 8; call parallel_dims")):
+        dataloading_mesh(Unresolved())

@@ -1,0 +1,14 @@
+"""torchshard inside the stacks people train with; each module imports its stack on first use
+and none is a dependency of torchshard (``pip install 'torchshard[stacks]'`` brings them):
+
+- ``torchshard.integrations.torchtitan``: ``TorchshardDataLoader``, a torchtitan
+  ``BaseDataLoader`` that wraps a torchtitan loader (or any per-rank source) in a
+  ``GlobalBatchLoader`` on the data-loading mesh of ``ParallelDims``, yields local tensors and
+  keys its state by dp rank;
+- ``torchshard.integrations.lightning``: ``passthrough(strategy)``, so that a strategy (the
+  XLA one included) passes ``GlobalBatchLoader`` through untouched; Lightning's own
+  ``set_epoch`` then reaches the loader's sampler;
+- ``torchshard.integrations.accelerate``: ``prepare(accelerator, *objects)``, accelerate's
+  ``prepare`` that refuses a ``DataLoader`` already sharded per process (accelerate would
+  shard it again) and passes ``GlobalBatchLoader`` through.
+"""
