@@ -525,3 +525,21 @@ def test_an_ordereddict_batch_with_a_dict_partition_is_matched_by_key(mesh42):
         assert_sharded_as(batch["b"], mesh42, ts.P(("data", "model")))
         host = ts.global_to_host_array(batch)
         np.testing.assert_array_equal(host["a"][:, 0], np.arange(8 * k, 8 * k + 8))
+
+
+def test_deepcopy_mid_epoch_is_refused_with_the_way_to_clone_the_position(mesh8):
+    """``copy.deepcopy`` of a loader mid-epoch failed on a lock ("cannot pickle '_thread.lock'")."""
+    import copy
+
+    loader = ts.GlobalBatchLoader([{"x": np.zeros((8, 2), np.float32)}] * 3)
+    it = iter(loader)
+    next(it)
+    msg = (
+        "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread and "
+        "locks (a copy mid-epoch would share or lose the source's position). To save or clone "
+        "the position, copy loader.state_dict() and load it into a new GlobalBatchLoader over a "
+        "new source with load_state_dict()."
+    )
+    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+        copy.deepcopy(loader)
+    loader.close()

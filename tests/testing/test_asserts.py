@@ -209,3 +209,12 @@ def test_assert_global_equal_across_virtual_hosts(mesh42):
         assert_global_equal(g, X)
         with pytest.raises(AssertionError, match=re.escape("device 0 holds [0:4, 0:8]")):
             assert_global_equal(g, X[::-1].copy())
+
+
+def test_a_big_endian_expected_array_is_compared_by_value(mesh8):
+    """``assert_global_equal`` with a ``>f4`` expected array failed inside torch."""
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    g = ts.host_to_global_array(x, partition=ts.P("data"))
+    assert_global_equal(g, x.astype(">f4"))
+    with pytest.raises(AssertionError, match="differ from expected"):
+        assert_global_equal(g, (x + 1).astype(">f4"))

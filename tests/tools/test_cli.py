@@ -542,3 +542,45 @@ def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatc
     )
     monkeypatch.setattr(env, "xla_installed", lambda: True)
     assert cli.bench_names(None) == ["h2g"] and cli.bench_names("all") == list(BENCHES)
+
+
+def test_bench_json_on_a_full_disk_is_one_line(capsys, monkeypatch):
+    """``bench --json /dev/full`` ended in a traceback from ``write_json`` (ENOSPC)."""
+    from torchshard._tools import bench as bench_pkg
+
+    fake = types.ModuleType("torchshard_fake_bench")
+    fake.run = lambda report: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchshard_fake_bench", fake)
+    monkeypatch.setitem(bench_pkg.BENCHES, "fake", "torchshard_fake_bench")
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    result = _main(capsys, "bench", "fake", "--plain", "--json", "/dev/full")
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "python -m torchshard bench: error: could not write /dev/full: No space left on device"
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_layout_with_stdout_closed_is_one_line(tmp_path):
+    """``layout ... >&-`` was an AttributeError traceback from rich (``sys.stdout`` is None)."""
+    import torchshard
+
+    root = str(pathlib.Path(torchshard.__file__).resolve().parents[1])
+    args = ["layout", "--mesh", "4,2", "--axes", "data,model", "--spec", "data", "--shape", "8,4"]
+    out = subprocess.run(
+        [sys.executable, "-m", "torchshard", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.close(1),
+        env={**os.environ, "PYTHONPATH": root},
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip() == (
+        "python -m torchshard layout: error: standard output is closed, so there is nowhere to "
+        "print to; redirect it to a file or to /dev/null instead of closing it."
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import math
 import os
@@ -51,6 +52,19 @@ class _Parser(argparse.ArgumentParser):
 
 class UsageError(Exception):
     """A check of the command's input failed after parsing: one line, exit status 2."""
+
+
+class OutputError(Exception):
+    """Writing the command's output failed (a full disk, a closed stdout): one line, exit 1."""
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Any:
+    """Turns an ``OSError`` while writing ``what`` into an ``OutputError`` naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputError(f"could not write {what}: {e.strerror or e}") from None
 
 
 # -- argument types -------------------------------------------------------------------------
@@ -259,12 +273,14 @@ def _bench(args: argparse.Namespace) -> int:
             progress.advance()
     print_tables(report, plain=args.plain)
     if args.json:
-        report.write_json(args.json)
+        with writing(args.json):
+            report.write_json(args.json)
         print(f"wrote {args.json}")
     if args.plot:
         from torchshard._tools.bench._plot import plot_sweep
 
-        plot_sweep(report, args.plot)
+        with writing(args.plot):
+            plot_sweep(report, args.plot)
         print(f"wrote {args.plot}")
     return verdict(report, strict=args.strict)
 
@@ -354,7 +370,8 @@ def _layout(args: argparse.Namespace) -> int:
     layout = ts.describe_layout(mesh, args.spec, args.shape, num_hosts=args.hosts)
     ts.visualize_sharding(layout, use_rich=False if args.plain else None)
     if args.png:
-        layout.save_png(args.png)
+        with writing(args.png):
+            layout.save_png(args.png)
         print(f"wrote {args.png}")
     return 0
 
@@ -494,6 +511,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix = f"{parser.prog} {args.command}: error:"
     from torchshard._core.errors import MissingDependencyError
 
+    if sys.stdout is None or sys.stdout.closed:  # started with fd 1 closed (`>&-`)
+        print(
+            f"{prefix} standard output is closed, so there is nowhere to print to; redirect it "
+            "to a file or to /dev/null instead of closing it.",
+            file=sys.stderr,
+        )
+        return 1
+
     try:
         if args.command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
             from torchshard._tools.demo import resolve_backend
@@ -512,6 +537,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, MissingDependencyError) as e:
         print(f"{prefix} {e}", file=sys.stderr)
         return 2
+    except OutputError as e:
+        print(f"{prefix} {e}", file=sys.stderr)
+        return 1
     except (ValueError, TypeError, OSError) as e:
         if not getattr(args, "input_errors", False):
             raise

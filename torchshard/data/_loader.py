@@ -211,6 +211,14 @@ class GlobalBatchLoader(Iterable[Any]):
         self._resume_consumed = 0
         self._last_mesh: MeshValue | None = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> GlobalBatchLoader:
+        raise TypeError(
+            "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread "
+            "and locks (a copy mid-epoch would share or lose the source's position). To save "
+            "or clone the position, copy loader.state_dict() and load it into a new "
+            "GlobalBatchLoader over a new source with load_state_dict()."
+        )
+
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """Starts an epoch: a new iterator over the source (``local=True``: of the batches'

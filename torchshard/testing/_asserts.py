@@ -177,6 +177,8 @@ def _expected_tensor(expected: Any) -> torch.Tensor:
             f"assert_global_equal: expected must be numeric, but got a numpy array of dtype "
             f"{arr.dtype}."
         )
+    if not arr.dtype.isnative:  # torch takes native byte order only (">f4" failed inside it)
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 

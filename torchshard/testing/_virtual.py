@@ -75,6 +75,11 @@ def is_virtual() -> bool:
 def virtual_hosts(num_hosts: int, *, process_index: int = 0) -> Iterator[Topology]:
     """Emulates ``num_hosts`` hosts in this process (process-wide, nests).
 
+    Process-wide, like the runtime's own topology it stands in for: while it is active, every
+    thread and asyncio task of the process sees ``num_hosts`` hosts (another thread's plain
+    ``host_to_global_array`` call is refused as inside it). Enter it from one place, around
+    the whole multi-host part of a test, not from concurrent threads.
+
     Inside, ``torchshard.host_to_global_array`` refuses a single tree (this process holds every
     host's devices, so it needs every host's data): use ``host_to_global_array_per_host`` and
     ``global_to_host_array_per_host``. The emulated devices are the current mesh's backend's
