@@ -542,7 +542,18 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
                 f" {note}" for note in getattr(e, "__notes__", [])
             )
         loader.close()
-        stuck = sorted(t.name for t in threading.enumerate() if t.name.startswith("torchshard-l"))
+        # An epoch dropped by `break` does not join its thread (it may be blocked in a slow
+        # source): within the timeout the thread stops and its stream ends.
+        deadline = time.monotonic() + 10.0
+        while True:
+            stuck = sorted(
+                t.name
+                for t in threading.enumerate()
+                if t.name.startswith(("torchshard-loader", "torchshard-stream"))
+            )
+            if not stuck or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         after = [
             tuple(ts.host_to_global_array(torch.full((1, 2), float(k))).shape) for k in range(3)
         ]

@@ -11,6 +11,7 @@ cursor).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -28,15 +29,27 @@ from torchshard.data._stats import Counters
 
 
 def _close(prefetcher: Prefetcher[Any] | None, stream: Stream | None, wait: bool = True) -> None:
-    """Stops the thread, then ends the stream, unless the thread is still running (blocked in
-    the source: its exchanges may still come). ``wait=False``: an abandoned epoch's finalizer,
-    which does not join a thread blocked in the source."""
+    """Stops the thread, then ends the stream once the thread has stopped (its exchanges may
+    still come until then). ``wait=False``: an abandoned epoch's finalizer, which does not join
+    a thread blocked in the source; a daemon thread ends the stream when it stops."""
     if prefetcher is not None:
         prefetcher.close(wait=wait)
         if prefetcher.alive:
+            if stream is not None:
+                _end_later(prefetcher, stream)
             return
     if stream is not None:
         stream.close()
+
+
+def _end_later(prefetcher: Prefetcher[Any], stream: Stream) -> None:
+    """Ends ``stream`` when ``prefetcher``'s thread stops (a daemon: never holds up the exit)."""
+
+    def end() -> None:
+        prefetcher.wait_finished()
+        stream.close()
+
+    threading.Thread(target=end, name="torchshard-stream-end", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -114,8 +127,9 @@ class Epoch(Iterator[Any]):
                 size=lambda made: made.nbytes if isinstance(made, Made) else 0,
             )
             self._producer = None  # the thread owns it now
-        # Not joined when abandoned (collected, or at exit after Ctrl-C): joining a thread
-        # blocked in a slow source held the exit up 10 s per epoch (22-31 s seen).
+        # Not joined when abandoned (a `break`, an exception, Ctrl-C): joining a thread blocked
+        # in a slow source held the exit up 10 s per epoch (22-31 s seen). The stream ends once
+        # the thread has stopped (``_close``), so no process is left waiting in an exchange.
         weakref.finalize(self, _close, self._prefetcher, self._stream, False)
 
     def __iter__(self) -> Epoch:

@@ -223,6 +223,10 @@ class Prefetcher(Generic[T]):
         self._slots.release()
         return entry
 
+    def wait_finished(self, timeout: float | None = None) -> bool:
+        """Waits until the thread's job has returned (``True``), or ``timeout`` seconds."""
+        return self._finished.wait(timeout=timeout)
+
     @property
     def alive(self) -> bool:
         """Whether the background thread is still running this stream."""
