@@ -180,7 +180,7 @@ def agreement_cost(calls: int = 200) -> dict[str, float]:
     return out
 
 
-def replica_values(kind: str, check: bool) -> dict[str, Any]:
+def replica_values(kind: str, check: bool | None) -> dict[str, Any]:
     """Processes that hold the same block pass values that differ by rank. ``kind``:
     ``"replicated"`` (``P()`` on a 1-D mesh), ``"loader"`` (the same through a loader),
     ``"shared"`` (``P("data")`` on a ``(2, 2)`` mesh of 4 processes: ranks 0, 1 and 2, 3 share
@@ -233,4 +233,44 @@ def thread_names_differ() -> dict[str, Any]:
     t = threading.Thread(target=work, name=f"worker-of-rank-{rank}")
     t.start()
     t.join(60)
+    return out
+
+
+def first_batch_values(
+    feed: str, check: bool | None = None, epochs: int = 2, bad_at: int | None = None
+) -> dict[str, Any]:
+    """A ``GlobalBatchLoader`` with ``P("dp")`` on a ``(dp=2, tp=2)`` mesh of 4 processes, fed
+    by ``feed="old"`` (``{"num_shards": process_count(), "shard_index": process_index()}``:
+    the tp peers read different shards) or ``feed="mesh"`` (``feed_read_config(P("dp"))``);
+    ``check`` is ``set_value_check``'s setting (``None``: the default); ``bad_at``: rank 1
+    changes that batch. Per epoch: the batches taken and the error (``"no error"``)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    old = ts.set_value_check(check)
+    out: dict[str, Any] = {}
+    try:
+        mesh = ts.create_device_mesh((2, world // 2), ("dp", "tp"), backend="dtensor")
+        with mesh:
+            if feed == "old":
+                cfg = {"num_shards": ts.process_count(), "shard_index": ts.process_index()}
+            else:
+                cfg = ts.feed_read_config(ts.P("dp"))
+            rows = torch.arange(16.0).reshape(16, 1)[cfg["shard_index"] :: cfg["num_shards"]]
+            batches = [{"x": rows[i : i + 2].clone()} for i in range(0, 4, 2)] * 2
+            if bad_at is not None and rank == 1:
+                batches[bad_at] = {"x": batches[bad_at]["x"] + 100}
+            loader = ts.GlobalBatchLoader(batches, partition=ts.P("dp"), prefetch=0)
+            for epoch in range(epochs):
+                taken: list[int] = []
+
+                def run(taken: list[int] = taken) -> None:
+                    for batch in loader:
+                        taken.append(int(batch["x"].full_tensor()[0, 0]))
+
+                out[f"epoch {epoch}"] = {**_timed(run), "taken": len(taken)}
+            out["after"] = tuple(ts.host_to_global_array({"x": torch.ones(2, 2)})["x"].shape)
+    finally:
+        ts.set_value_check(old)
     return out

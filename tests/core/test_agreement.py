@@ -128,8 +128,8 @@ def test_an_unknown_switch_value_is_refused(monkeypatch):
     ):
         agreement._State()
     monkeypatch.delenv(agreement.VALUES_ENV_VAR)
-    state = agreement._State()  # unset: the defaults
-    assert state.enabled is True and state.values is False
+    state = agreement._State()  # unset: the defaults (values: each loader epoch's first batch)
+    assert state.enabled is True and state.values is None
 
 
 def test_processes_on_meshes_with_the_axes_in_another_order_disagree():

@@ -111,3 +111,61 @@ def test_ending_a_closed_epoch_changes_nothing(mesh8):
     epoch.end("a later iter()")
     with pytest.raises(StopIteration):
         next(epoch)
+
+
+# -- nothing silent when processes share a block: the first batch of every epoch is compared --
+
+
+def _shared_block_error(n):
+    return (
+        re.escape(
+            f"ProcessDisagreementError: batch['x']: GlobalBatchLoader: batch {n}: the ranks "
+            "[0, 1] hold the same block (global ranges ((0, 2), (0, 1)), one (start, stop) per "
+            "dimension) and must pass the same values, but found checksum "
+        )
+        + "[0-9a-f]{16}"
+        + re.escape(" on rank(s) [0]; checksum ")
+        + "[0-9a-f]{16}"
+        + re.escape(
+            " on rank(s) [1]. A replicated leaf (P()) or a mesh axis the spec leaves free gives "
+            "several processes the same block: give them equal values, or shard the leaf over "
+            "that axis. A loader's feed that reads one shard per process gives them different "
+            "examples: read the shard of the mesh's data axes, "
+            "torchshard.feed_read_config(spec) (or torchshard.host_sampler(dataset, spec)), "
+            "which gives the processes that share a block the same one."
+        )
+    )
+
+
+CASE = "_collective_cases:first_batch_values"
+
+
+def test_the_old_recipe_raises_at_the_first_batch_of_every_epoch_by_default(pools):
+    """``{"num_shards": process_count(), "shard_index": process_index()}`` with ``P("dp")`` on
+    ``(dp=2, tp=2)``: the tp peers pass different rows for the block they share. Before, the
+    loader placed each process's rows silently (the value check was opt-in); now, with no
+    setting, every rank raises at batch 0 of epoch 0 and again of epoch 1."""
+    results = pools(4).run(CASE, feed="old")
+    assert len(results) == 4
+    for r in results:
+        for epoch in ("epoch 0", "epoch 1"):
+            assert re.fullmatch(_shared_block_error(0), r[epoch]["error"]), r
+            assert r[epoch]["taken"] == 0
+        assert r["after"] == (8, 2)  # the processes are still in step
+
+
+def test_the_feed_from_the_mesh_passes_and_the_check_can_be_turned_off(pools):
+    for r in pools(4).run(CASE, feed="mesh"):
+        for epoch in ("epoch 0", "epoch 1"):
+            assert r[epoch] | {"seconds": 0} == {"error": "no error", "seconds": 0, "taken": 4}
+    for r in pools(4).run(CASE, feed="old", check=False):  # explicitly off: nothing compared
+        assert r["epoch 0"]["error"] == r["epoch 1"]["error"] == "no error", r
+
+
+def test_the_first_batch_check_alone_misses_a_later_batch_set_value_check_catches_it(pools):
+    for r in pools(4).run(CASE, feed="mesh", bad_at=2):  # the default: batch 0 only
+        assert r["epoch 0"]["error"] == "no error", r
+    for r in pools(4).run(CASE, feed="mesh", check=True, bad_at=2):  # every batch
+        for epoch in ("epoch 0", "epoch 1"):
+            assert re.fullmatch(_shared_block_error(2), r[epoch]["error"]), r
+            assert r[epoch]["taken"] == 2

@@ -266,10 +266,14 @@ class ProcessChecks(Protocol):
         to reach, its next exchange raise ``CollectiveError`` naming this process at once."""
         ...
 
-    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
-        """The opt-in value check (``set_value_check``): raises ``ProcessDisagreementError`` on
+    def check_values(
+        self, mesh: Mesh, tree: Any, *, argname: str, what: str, force: bool = False
+    ) -> None:
+        """The value check (``set_value_check``): raises ``ProcessDisagreementError`` on
         every process when processes whose blocks of a global tensor in ``tree`` cover the same
-        ranges passed different values. A collective like ``agree_begin``."""
+        ranges passed different values. A collective like ``agree_begin``. Runs when the check
+        is on for every call, or with ``force`` (a loader's first batch of an epoch, which the
+        caller checks unless the check was turned off); a no-op on one process."""
         ...
 
 

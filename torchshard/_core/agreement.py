@@ -40,7 +40,7 @@ _ON = ("1", "true", "yes", "on", "enabled")
 _OFF = ("0", "false", "no", "off", "disabled", "")
 
 
-def env_flag(name: str, default: bool) -> bool:
+def env_flag(name: str, default: bool | None) -> bool | None:
     """The switch in environment variable ``name`` (``default`` when unset): one of ``_ON`` or
     ``_OFF`` (any case, surrounding spaces ignored); anything else is a ``ValueError`` naming
     the variable, never read as either."""
@@ -62,8 +62,9 @@ def env_flag(name: str, default: bool) -> bool:
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.enabled = env_flag(ENV_VAR, True)
-        self.values = env_flag(VALUES_ENV_VAR, False)
+        self.enabled = bool(env_flag(ENV_VAR, True))
+        # None: the default, each loader epoch's first batch; True: every batch; False: never
+        self.values = env_flag(VALUES_ENV_VAR, None)
 
 
 _STATE = _State()
@@ -93,8 +94,9 @@ def set_agreement_check(enabled: bool, /) -> bool:
     return old
 
 
-def set_value_check(enabled: bool, /) -> bool:
-    """Turns the cross-process value check on or off (off by default); returns the old setting.
+def set_value_check(enabled: bool | None, /) -> bool | None:
+    """Turns the cross-process value check on, off or back to its default; returns the old
+    setting (``None`` for the default).
 
     With one process per device (the DTensor backend), processes whose blocks of a leaf cover
     the same global ranges (a replicated leaf, ``P()``; or a mesh axis the leaf's spec leaves
@@ -103,6 +105,13 @@ def set_value_check(enabled: bool, /) -> bool:
     With this check on, ``host_to_global_array`` and every ``GlobalBatchLoader`` batch
     exchange a checksum of each process's block and raise ``ProcessDisagreementError`` on
     every process, naming the leaf and the ranks, when blocks of the same ranges differ.
+
+    By default (``None``) a ``GlobalBatchLoader`` on several DTensor processes checks the
+    first batch of every epoch, so that a feed that gives processes sharing a block different
+    examples (each process reading its own shard where the mesh gives several the same block)
+    is never silent; ``set_value_check(False)`` (or ``TORCHSHARD_VALUE_CHECK=0``) turns that
+    off too, ``True`` (or ``TORCHSHARD_VALUE_CHECK=1``) checks every batch and every
+    ``host_to_global_array``.
 
     The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange
     through the default store in which every process reads every other's checksums (see
@@ -114,16 +123,23 @@ def set_value_check(enabled: bool, /) -> bool:
         >>> torchshard.set_value_check(previous)
         True
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_value_check: expected a bool, but got {enabled!r}.")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_value_check: expected a bool or None, but got {enabled!r}.")
     with _STATE.lock:
         old, _STATE.values = _STATE.values, enabled
     return old
 
 
 def value_check_enabled() -> bool:
-    """Whether processes compare the values of blocks that cover the same ranges."""
-    return _STATE.values
+    """Whether processes compare the values of blocks that cover the same ranges, at every
+    call and batch (``set_value_check(True)``)."""
+    return _STATE.values is True
+
+
+def value_check_first_batch() -> bool:
+    """Whether a loader compares the values of its epochs' first batches (unless the check was
+    turned off: ``set_value_check(False)``)."""
+    return _STATE.values is not False
 
 
 def agreement_check_enabled() -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchshard._backend.protocols import Backend
-from torchshard._core.agreement import value_check_enabled
+from torchshard._core.agreement import value_check_enabled, value_check_first_batch
 from torchshard._core.context import thread_mesh
 from torchshard._core.mesh import Mesh
 from torchshard.data._position import Cursor
@@ -166,12 +166,16 @@ class Epoch(Iterator[Any]):
             self._stop(made.snapshot if self._policy == "pad" else None)
             raise StopIteration
         try:
-            if made.compared and value_check_enabled():
+            # every batch with set_value_check(True); by default the first of each epoch, so
+            # that a feed giving processes that share a block different examples is never
+            # silent (a no-op on one process; bounded by the timeout like every exchange)
+            first = self._taken == 0 and value_check_first_batch()
+            if (made.compared and value_check_enabled()) or first:
                 what = f"GlobalBatchLoader: batch {self._next}"
                 checks = self._backend.processes
                 if checks is not None:
                     batch = made.batch[0] if self._policy == "pad" else made.batch
-                    checks.check_values(self._mesh, batch, argname="batch", what=what)
+                    checks.check_values(self._mesh, batch, argname="batch", what=what, force=first)
         except BaseException:
             self.close()
             raise

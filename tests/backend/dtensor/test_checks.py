@@ -104,7 +104,12 @@ def test_the_value_check_names_replicas_that_differ(pools, kind):
         assert "on rank(s) [0]; checksum " in r["error"]
         assert r["after"] == (4, 2)
     for r in pools(2).run(CASES + "replica_values", kind=kind, check=False):
-        assert r["error"] == "no error"  # off by default: nothing is exchanged
+        assert r["error"] == "no error"  # turned off: nothing is exchanged
+    for r in pools(2).run(CASES + "replica_values", kind=kind, check=None):
+        if kind == "loader":  # the default checks a loader's first batch of each epoch
+            assert r["error"].startswith(f"ProcessDisagreementError: {argname}['w']: {what}: ")
+        else:  # and not host_to_global_array's calls
+            assert r["error"] == "no error", r
 
 
 def test_the_value_check_on_a_mesh_whose_processes_share_blocks(pools):

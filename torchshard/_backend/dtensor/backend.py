@@ -395,8 +395,10 @@ class DTensorChecks:
 
         return agree_end
 
-    def check_values(self, mesh: Mesh, tree: Any, *, argname: str, what: str) -> None:
-        if value_check_enabled() and dist.get_world_size() > 1:
+    def check_values(
+        self, mesh: Mesh, tree: Any, *, argname: str, what: str, force: bool = False
+    ) -> None:
+        if (force or value_check_enabled()) and dist.get_world_size() > 1:
             check_values(tree, argname, what)
 
     def exchange(

@@ -115,6 +115,10 @@ def check_values(tree: Any, argname: str, what: str) -> None:
                         "one (start, stop) per dimension) and must pass the same values, but "
                         f"found {seen}. A replicated leaf (P()) or a mesh axis the spec leaves "
                         "free gives several processes the same block: give them equal values, or "
-                        "shard the leaf over that axis.",
+                        "shard the leaf over that axis. A loader's feed that reads one shard per "
+                        "process gives them different examples: read the shard of the mesh's "
+                        "data axes, torchshard.feed_read_config(spec) (or "
+                        "torchshard.host_sampler(dataset, spec)), which gives the processes "
+                        "that share a block the same one.",
                     )
                 )
