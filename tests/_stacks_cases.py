@@ -153,7 +153,9 @@ def views_errors() -> dict[str, str]:
             )
         ),
         "not_a_mesh": _catch(lambda: ts.to_submesh({"x": t}, "tp")),
-        "xla_mesh": _catch(lambda: ts.to_submesh({"x": t}, ts.Mesh(np.arange(2), ("tp",)))),
+        "xla_mesh": _catch(
+            lambda: ts.to_submesh({"x": t}, ts.Mesh(np.arange(2), ("tp",), backend="xla"))
+        ),
     }
 
 

@@ -14,12 +14,10 @@ re-runs the code eagerly, where it is ``False``), and ``torch.compiler.disable``
 
 from __future__ import annotations
 
-import torch
 from torch.utils.data import get_worker_info
 
 from torchshard._core.errors import WorkerProcessError
-
-_FUNC_LEVEL = torch._C._functorch.maybe_current_level
+from torchshard._place._torch_private import in_functorch_transform
 
 
 def check_caller(caller: str) -> None:
@@ -36,7 +34,7 @@ def check_caller(caller: str) -> None:
             "(..., num_workers=N)) transfers on a thread of the main process "
             "(torchshard.sharded_collate() is for num_workers=0)."
         )
-    if _FUNC_LEVEL() is not None:
+    if in_functorch_transform():
         raise RuntimeError(
             f"{caller}: called inside a torch.func transform (grad, vmap, jacrev, ...), whose "
             "wrapped tensors are not host data. Place the data before the transform and pass "

@@ -17,6 +17,7 @@ import torch
 from torchshard._core import checks
 from torchshard._core.errors import at
 from torchshard._core.tree import register_array_type
+from torchshard._place._torch_private import is_fake_tensor
 
 if TYPE_CHECKING:
     from collections.abc import Container
@@ -174,9 +175,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
 def _check_tensor_kind(x: torch.Tensor, where: str) -> None:
     """Raises ``TypeError`` naming ``where`` for a CPU tensor whose memory is not its values:
     a fake or nested tensor, a lazy conjugate or negative view, freed storage."""
-    from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself
-
-    if isinstance(x, FakeTensor):  # reports device cpu but has no memory (reading it: SIGSEGV)
+    if is_fake_tensor(x):  # reports device cpu but has no memory (reading it: SIGSEGV)
         raise TypeError(
             at(
                 where,

@@ -103,4 +103,5 @@ def test_setting_a_group_timeout_warns_nothing_on_this_torch(tmp_path):
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+    out = [line for line in run.stdout.splitlines() if not line.startswith("[Gloo]")]
+    assert run.returncode == 0 and out == ["ok"], run.stdout + run.stderr

@@ -1,0 +1,25 @@
+"""torch's private names that placement needs, in one place (checked on torch 2.9 and 2.14.1).
+
+torch has no public predicate for a fake tensor nor for "inside a ``torch.func`` transform";
+each use goes through a function here, so that a release that moves a name changes one module
+(``tests/cross/test_layers.py`` keeps every other module off torch's private names). The
+torch.distributed ones are in ``_backend/dtensor/_torch_private.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def is_fake_tensor(x: Any) -> bool:
+    """Whether ``x`` is a ``FakeTensor`` (made under ``FakeTensorMode``: a shape, no values)."""
+    from torch._subclasses.fake_tensor import FakeTensor  # imported by torch itself
+
+    return isinstance(x, FakeTensor)
+
+
+def in_functorch_transform() -> bool:
+    """Whether the caller runs inside a ``torch.func`` transform (``grad``, ``vmap``, ...)."""
+    return torch._C._functorch.maybe_current_level() is not None
