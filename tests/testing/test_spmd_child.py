@@ -66,7 +66,7 @@ def test_spmd_marker_runs_each_count_in_its_own_process(pytester, tmp_path, monk
     each child finds its item by the node id, folders included."""
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("SPMD_RECORD", str(record))
-    pytester.makeini("[pytest]\naddopts = --import-mode=importlib\n")
+    pytester.makeini("[pytest]\naddopts = --import-mode=importlib\nspmd_devices = 8\n")
     tests = pytester.path / "tests"
     for folder in ("core", "mesh"):
         (tests / folder).mkdir(parents=True)
