@@ -81,6 +81,7 @@ def hosts(num_hosts, process, devices=8):
         yield
 
 
+@pytest.mark.xla  # virtual hosts over torch_xla's emulated devices
 def test_context_parallel_positions_per_host():
     mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("dp", "cp"))
     got = {}

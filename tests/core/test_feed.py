@@ -26,6 +26,10 @@ from torchshard.errors import IndivisibleError, NoMeshError, NonUniformShardingE
 
 P = ts.P
 
+# Feeds on meshes of torch_xla's emulated devices (virtual hosts); the DTensor feed is tested
+# on gloo processes in tests/cross/test_stacks.py.
+pytestmark = pytest.mark.xla
+
 
 @contextlib.contextmanager
 def hosts(num_hosts: int, process: int, devices: int = 8):

@@ -14,6 +14,7 @@ from torchshard._core.mesh import topology_of
 from torchshard._core.topology import Topology, override_topology
 
 
+@pytest.mark.xla  # a Mesh without backend= is torch_xla's only where it is installed
 def test_properties():
     mesh = ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
     assert dict(mesh.shape) == {"data": 4, "model": 2}
@@ -109,6 +110,7 @@ def test_invalid(devices, names, error, message):
 # -- the bare value (torchshard._core.mesh.Mesh): no runtime behind it -----------------------
 
 
+@pytest.mark.xla  # a Mesh without backend= is torch_xla's only where it is installed
 def test_a_bare_value_is_equal_to_the_bound_mesh_of_the_same_grid():
     bare = Value(np.arange(8).reshape(4, 2), ("data", "model"))
     assert bare == ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))

@@ -65,6 +65,7 @@ def test_to_local_leaves_xla_global_tensors_as_they_are(mesh8):
     assert out["x"] is x and out["y"][0] is x
 
 
+@pytest.mark.xla  # an XLA mesh value by default
 def test_to_submesh_refuses_what_is_no_sub_mesh():
     with pytest.raises(
         TypeError,

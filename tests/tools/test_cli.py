@@ -445,6 +445,7 @@ def test_bench_quick_judges_no_target(capsys, fake_bench, tmp_path):
     assert len(fake_bench.runs) == 1
 
 
+@pytest.mark.xla  # the XLA default bench / emulation
 def test_bench_without_a_name_runs_the_short_default(capsys, fake_bench, monkeypatch):
     monkeypatch.setattr(cli, "DEFAULT_BENCH", FAKE)
     result = _main(capsys, "bench", "--plain")
@@ -544,6 +545,7 @@ def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatc
     assert cli.bench_names(None) == ["h2g"] and cli.bench_names("all") == list(BENCHES)
 
 
+@pytest.mark.xla  # the XLA default bench / emulation
 def test_bench_json_on_a_full_disk_is_one_line(capsys, monkeypatch):
     """``bench --json /dev/full`` ended in a traceback from ``write_json`` (ENOSPC)."""
     from torchshard._tools import bench as bench_pkg
