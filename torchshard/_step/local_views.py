@@ -10,6 +10,7 @@ tensors as they are, as every leaf that is no tensor. Trees are rebuilt, never m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,6 +57,12 @@ def to_local(tree: Any, /) -> Any:
         batch = torchshard.host_to_global_array({"x": x, "y": y}, partition=P("dp"))
         loss = loss_fn(fsdp_model(torchshard.to_local(batch)["x"]), ...)
     """
+    return _map_views(tree, lambda views, leaf: views.to_local(leaf))
+
+
+def _map_views(tree: Any, view: Callable[[Any, Any], Any]) -> Any:
+    """``tree`` with ``view(views, leaf)`` for each leaf whose backend has local views (every
+    other leaf unchanged); a ``ShardingError`` gets the leaf's path."""
     leaves, treespec = flatten(tree)
     where = LazyPaths(treespec, "tree")
     out = []
@@ -65,7 +72,7 @@ def to_local(tree: Any, /) -> Any:
             out.append(leaf)
             continue
         try:
-            out.append(views.to_local(leaf))
+            out.append(view(views, leaf))
         except ShardingError as e:
             raise type(e)(at(where[i], str(e))) from None
     return unflatten(treespec, out)
@@ -137,16 +144,4 @@ def to_submesh(tree: Any, /, submesh: Any) -> Any:
         out = model(torchshard.to_submesh(batch, dm["tp"]))
     """
     mesh = _submesh(submesh)
-    leaves, treespec = flatten(tree)
-    where = LazyPaths(treespec, "tree")
-    out = []
-    for i, leaf in enumerate(leaves):
-        views = _views_of(leaf)
-        if views is None:
-            out.append(leaf)
-            continue
-        try:
-            out.append(views.to_submesh(leaf, mesh))
-        except ShardingError as e:
-            raise type(e)(at(where[i], str(e))) from None
-    return unflatten(treespec, out)
+    return _map_views(tree, lambda views, leaf: views.to_submesh(leaf, mesh))
