@@ -10,8 +10,10 @@ from torchshard._core import version
 
 
 def test_the_version_is_the_installed_distributions():
-    assert version.DISTRIBUTION == "torchshard"
-    assert version.__version__ == metadata.version("torchshard") == ts.__version__
+    # The import name is torchshard; the distribution is torchshard-input, as the index's
+    # "torchshard" is an unrelated project.
+    assert version.DISTRIBUTION == "torchshard-input"
+    assert version.__version__ == metadata.version("torchshard-input") == ts.__version__
     assert version.package_version() == version.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", version.__version__)
 
