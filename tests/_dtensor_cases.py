@@ -630,9 +630,12 @@ def mesh_axes_disagree() -> dict[str, Any]:
 
 
 def reinit_process_group() -> dict[str, Any]:
-    """torchshard runs, then the program re-initialises the default process group (a new
-    store on the same port): before, rank 0's old TCPStore server was still held by
-    torchshard's session and the second init_process_group timed out in gloo's connect."""
+    """torchshard runs, then the program destroys the default process group and initialises
+    a new one: torchshard's session, meshes and checks move to the new group. The new group's
+    store is on a new port (``TORCHSHARD_TEST_REINIT_PORT``): on the same port torch itself
+    reuses the old TCPStore server, which outlives destroy_process_group in plain torch too, and
+    its stale keys time gloo's connect out in about one run of four, with or without
+    torchshard."""
     import datetime
     import os
 
@@ -651,7 +654,7 @@ def reinit_process_group() -> dict[str, Any]:
     dist.destroy_process_group()
     dist.init_process_group(
         backend,
-        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        init_method=f"tcp://127.0.0.1:{os.environ['TORCHSHARD_TEST_REINIT_PORT']}",
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),

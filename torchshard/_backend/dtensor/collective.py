@@ -82,13 +82,11 @@ class _Session:
         return self._group()
 
     def __init__(self, world: Any) -> None:
-        # Weakly: a group held past destroy_process_group keeps its store, and on rank 0 the
-        # store owns the TCPStore server on MASTER_PORT, so the next init_process_group timed
-        # out in gloo's connect (plain torch re-initialises fine).
+        # Weakly, and the default store is not kept either (threads clone it when first used):
+        # torchshard must not keep a destroyed group, or rank 0's TCPStore server, alive. (Even
+        # so, a new group on the *same* port can time out in gloo's connect in plain torch too,
+        # about one run in four, on the stale keys of the server torch keeps; use a new port.)
         self._group = weakref.ref(world)
-        # The default group's store itself is not kept: on rank 0 it owns the TCPStore server,
-        # and holding it past destroy_process_group kept the old server on MASTER_PORT, so the
-        # next init_process_group timed out in gloo's connect. Threads clone it when first used.
         store = default_store()
         self.local = threading.local()
         self.rank = dist.get_rank()
