@@ -659,10 +659,16 @@ def reinit_process_group() -> dict[str, Any]:
         world_size=world,
         timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),
     )
+    try:  # the mesh made before: its DeviceMesh's groups are the destroyed group's
+        with mesh:
+            ts.host_to_global_array({"x": torch.zeros(2)}, partition=ts.P("data"))
+        stale = "no error"
+    except ts.errors.NoProcessGroupError as e:
+        stale = str(e)
     mesh = _mesh(np.arange(world), ("data",))
     with mesh:
         second = ts.host_to_global_array(
             {"x": torch.full((2,), float(rank) + 10)}, partition=ts.P("data")
         )
         after = ts.replicate_to_local_data(second)["x"].tolist()
-    return {"before": before, "after": after}
+    return {"before": before, "after": after, "stale": stale}

@@ -155,10 +155,31 @@ def device_mesh(mesh: Mesh) -> DeviceMesh:
     _check_covers_world(mesh, dist.get_world_size())
     check_rank_order(mesh)
     native = mesh.native
-    dm = native if isinstance(native, DeviceMesh) else _GROUPS.device_mesh(mesh)
+    if isinstance(native, DeviceMesh):
+        _check_made_in(native, world, mesh)
+        dm = native
+    else:
+        dm = _GROUPS.device_mesh(mesh)
     mesh_device(dm)  # the device index, read at mesh entry
     _LAST[0] = (mesh, weakref.ref(world), dm)  # the group weakly (see collective._Session)
     return dm
+
+
+_WORLD_ATTR = "_torchshard_default_group"  # on a DeviceMesh: the default group it was made in
+
+
+def _check_made_in(dm: DeviceMesh, world: Any, mesh: Mesh) -> None:
+    """Refuses a DeviceMesh made before the default group was destroyed and made again: its
+    sub-groups are gone (torch 2.9: "Could not resolve the process group registered under the
+    name 3"), or, worse, their names now belong to other groups of the new one."""
+    made = getattr(dm, _WORLD_ATTR, None)
+    if made is not None and made() is not world:
+        raise NoProcessGroupError(
+            f"{mesh!r} was made before torch.distributed's default process group was destroyed "
+            "(destroy_process_group) and initialised again: its DeviceMesh's process groups "
+            "belong to the old one. Make the mesh again after init_process_group "
+            "(torchshard.create_device_mesh(...) or Mesh.from_device_mesh(init_device_mesh(...)))."
+        )
 
 
 def mesh_from_device_mesh(device_mesh: Any) -> Mesh:
@@ -176,6 +197,9 @@ def mesh_from_device_mesh(device_mesh: Any) -> Mesh:
             "mesh_dim_names=(...))."
         )
     ids = device_mesh.mesh.detach().cpu().numpy()
+    world = dist.GroupMember.WORLD if dist.is_available() else None
+    if world is not None and getattr(device_mesh, _WORLD_ATTR, None) is None:
+        setattr(device_mesh, _WORLD_ATTR, weakref.ref(world))  # weakly (see collective._Session)
     mesh = Mesh(ids, tuple(names), backend="dtensor", native=device_mesh)
     check_rank_order(mesh)
     return mesh
