@@ -113,7 +113,7 @@ def host_to_global_array(
     checks = backend.processes
     if checks is None:  # a runtime without cross-process checks (torch_xla)
         return to_global(mesh, backend, topology, call)
-    agreed = checks.agree_begin(mesh, call, what="host_arrays")
+    agreed = checks.agree_begin(mesh, call, what="host_to_global_array")
     try:
         out = to_global(mesh, backend, topology, call)
     except BaseException:
@@ -121,7 +121,7 @@ def host_to_global_array(
         raise
     agreed()
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
-        checks.check_values(mesh, out, argname="host_arrays", what="host_arrays")
+        checks.check_values(mesh, out, argname="host_arrays", what="host_to_global_array")
     return out
 
 

@@ -60,9 +60,9 @@ def test_processes_in_different_calls_with_alike_inputs_are_out_of_step(pools):
     results = pools(2).run(CASES + "out_of_step")
     for r in results:
         assert r["error"] == (
-            "ProcessDisagreementError: host_arrays: the processes are out of step, each in "
-            "another torchshard call (rank 0: host_arrays; rank 1: GlobalBatchLoader: iter() "
-            "from batch 0)."
+            "ProcessDisagreementError: host_to_global_array: the processes are out of step, each "
+            "in another torchshard call (rank 0: host_to_global_array; rank 1: GlobalBatchLoader: "
+            "iter() from batch 0)."
             " Every process must make the same torchshard calls in the same order (the same "
             "host_to_global_array calls, the same loader batches, the same read-backs)."
         ) or r["error"].startswith(
@@ -93,7 +93,7 @@ def test_reading_back_tensors_made_from_disagreeing_shapes_fails_before_the_gath
 def test_the_value_check_names_replicas_that_differ(pools, kind):
     """Each rank passes its own values for a replicated leaf: before, every device silently
     held its own process's values; with the opt-in value check, every rank raises."""
-    what = "host_arrays" if kind == "replicated" else "GlobalBatchLoader: batch 0"
+    what = "host_to_global_array" if kind == "replicated" else "GlobalBatchLoader: batch 0"
     argname = "host_arrays" if kind == "replicated" else "batch"
     for r in pools(2).run(CASES + "replica_values", kind=kind, check=True):
         assert r["error"].startswith(

@@ -36,11 +36,11 @@ def test_a_rank_that_skips_a_call_makes_the_others_fail_within_the_timeout():
         r0, r1 = pool.run(CASES + "skip_call")
     assert r1["error"] == "skipped"
     assert r0["error"].startswith(
-        "CollectiveError: host_arrays: torchshard's collective (call #"
+        "CollectiveError: host_to_global_array: torchshard's collective (call #"
     ), r0
     assert f"timed out after {TIMEOUT:g} s" in r0["error"]
     assert "ranks that did not answer: rank 1 (its last torchshard call: #" in r0["error"]
-    assert " host_arrays)" in r0["error"]
+    assert " host_to_global_array)" in r0["error"]  # the API call, on both sides
     assert "The processes are now out of step" in r0["error"]
     assert r0["seconds"] < TIMEOUT + SLACK
 
@@ -72,7 +72,7 @@ def test_a_rank_that_leaves_a_loader_loop_early_names_the_batch_and_the_rank():
     [
         ("gather", "replicate_to_local_data"),
         ("redistribute", "maybe_shard: redistributing a tensor of shape (8, 2)"),
-        ("agreement", "host_arrays"),
+        ("agreement", "host_to_global_array"),
     ],
 )
 def test_a_peer_that_dies_mid_call_is_named(call, what):
@@ -105,7 +105,7 @@ def test_threads_named_differently_on_two_ranks_are_named_in_the_timeout():
     for rank, r in enumerate((r0, r1)):
         other = 1 - rank
         assert r["error"].startswith(
-            f"CollectiveError: host_arrays: torchshard's collective (call #1 of thread "
+            f"CollectiveError: host_to_global_array: torchshard's collective (call #1 of thread "
             f"'worker-of-rank-{rank}' on rank {rank}) timed out after {TIMEOUT:g} s; ranks that "
             f"did not answer: rank {other} (no torchshard call yet on a thread named "
             f"'worker-of-rank-{rank}': calls are matched by the calling thread's name, so the "
