@@ -62,3 +62,28 @@ def test_a_torch_func_transform_is_refused(mesh8, transform):
     fn = torch.func.grad(f) if transform == "grad" else torch.func.vmap(f)
     with mesh8, pytest.raises(RuntimeError, match=re.escape(message)):
         fn(torch.ones(8))
+
+
+def test_calls_traced_by_torch_compile_run_eagerly(mesh8):
+    """Before: tracing a step that placed its batch failed inside Dynamo ("AssertionError:
+    unsafe constant ConstantVariable(bool: True)" from place.py). Now the placing and
+    read-back calls break the graph and run eagerly; the traced rest still runs compiled."""
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=False)
+    def step(x):
+        batch = ts.host_to_global_array({"x": x * 2}, partition=ts.P("data"))
+        seen.append(torch.compiler.is_compiling())
+        host = ts.global_to_host_array(batch)
+        full = ts.replicate_to_local_data(batch)
+        return host["x"] + 1, full["x"]
+
+    x = torch.arange(16.0).reshape(8, 2)
+    with mesh8:
+        host, full = step(x)
+        again, _ = step(x + 1)  # the compiled step, run again: new values, not traced ones
+    assert seen[0] is True  # it was traced
+    torch.testing.assert_close(host, x * 2 + 1, rtol=0, atol=0)
+    torch.testing.assert_close(full, x * 2, rtol=0, atol=0)
+    torch.testing.assert_close(again, (x + 1) * 2 + 1, rtol=0, atol=0)
+    assert host.device.type == full.device.type == "cpu"

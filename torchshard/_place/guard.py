@@ -6,18 +6,34 @@ hung with no outcome (it cannot reach the devices, or the other processes' colle
 functorch-wrapped leaves gave an obscure error. ``check_caller`` refuses at once, naming the
 call and the fix; it costs about 0.4 us (a global read and a flag read).
 
-Not checked here: ``torch.compile`` tracing a call. Dynamo runs no real Python while it traces
-(``torch.compiler.is_compiling()`` there is symbolic, and a ``raise`` is a graph break that
-re-runs the code eagerly, where it is ``False``), and ``torch.compiler.disable`` would import
-``torch._dynamo`` (3 s) with torchshard.
+Under ``torch.compile``: Dynamo cannot trace placing or reading back (optree's C flatten,
+torch_xla's data calls; tracing ``host_to_global_array`` failed with "AssertionError: unsafe
+constant" from ``place.py``), and these calls handle host data, which a graph does not hold.
+So the public calls run eagerly there (``eagerly``): when ``torch.compiler.is_compiling()``,
+they call themselves through ``torch.compiler.disable``, a graph break at the call. A raise
+could not say so: a raise under tracing is a graph break too, which re-runs the code eagerly,
+where ``is_compiling()`` is ``False``. ``torch._dynamo`` is imported only then (3 s).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
 from torch.utils.data import get_worker_info
 
 from torchshard._core.errors import WorkerProcessError
 from torchshard._place._torch_private import in_functorch_transform
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def eagerly(fn: F) -> F:
+    """``fn`` run outside torch.compile's tracing (call it when
+    ``torch.compiler.is_compiling()``): Dynamo breaks the graph at the call and runs it
+    eagerly, with Dynamo off inside."""
+    return torch.compiler.disable(fn)
 
 
 def check_caller(caller: str) -> None:

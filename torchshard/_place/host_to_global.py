@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from torchshard._backend.registry import lookup
 from torchshard._core.agreement import value_check_enabled
 from torchshard._core.context import current_mesh, require_mesh
@@ -24,7 +26,7 @@ from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import emulated
 from torchshard._core.tree import flatten, paths, unflatten
 from torchshard._place.call import HostCall
-from torchshard._place.guard import check_caller
+from torchshard._place.guard import check_caller, eagerly
 from torchshard._place.host_data import check_supported_dtype, shape_dtype
 from torchshard._place.place import to_global
 from torchshard._place.validate import (
@@ -92,6 +94,10 @@ def host_to_global_array(
     """
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
+    if torch.compiler.is_compiling():  # torch.compile traces the call: place eagerly
+        return eagerly(host_to_global_array)(
+            host_arrays, partition=partition, global_shape=global_shape
+        )
     check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:

@@ -28,6 +28,7 @@ from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
 from torchshard._core.topology import Topology
 from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._mesh.context import current_topology
+from torchshard._place.guard import eagerly
 
 _NOT_GIVEN: Any = object()  # global_to_host_array's deprecated ``partition``, when not passed
 
@@ -176,6 +177,8 @@ def global_to_host_array(global_arrays: Any, /, *, partition: Any = _NOT_GIVEN) 
         >>> back["x"].device, torch.equal(back["x"], torch.as_tensor(x))
         (device(type='cpu'), True)
     """
+    if torch.compiler.is_compiling():  # torch.compile traces the call: read back eagerly
+        return eagerly(global_to_host_array)(global_arrays, partition=partition)
     if partition is not _NOT_GIVEN and partition is not None:
         warn_once(
             "global_to_host_array-partition",
@@ -199,6 +202,8 @@ def replicate_to_local_data(x: Any, /) -> Any:
         ...     torchshard.replicate_to_local_data({"y": g * 10})
         {'y': tensor([ 0, 10, 20, 30, 40, 50, 60, 70])}
     """
+    if torch.compiler.is_compiling():  # torch.compile traces the call: read back eagerly
+        return eagerly(replicate_to_local_data)(x)
     leaves, treespec = flatten(x)
     if not leaves:
         return unflatten(treespec, [])
