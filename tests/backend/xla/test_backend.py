@@ -6,7 +6,10 @@ same placement, bit for bit, as torch_xla's own ``mark_sharding`` either way.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -230,3 +233,34 @@ def test_torch_xla_still_corrupts_a_rank_6_tile_assignment():
     spec5 = backend_xla._sharding_spec(mesh, (("data",),) + ((),) * 4, shape[:5], torch.float32)
     (t5,) = backend_xla._tensors_from_aten([torch.zeros(shape[:5])], [spec5])
     assert backend_xla._sharding_spec_text(t5) == "{devices=[8,1,1,1,1]0,1,2,3,4,5,6,7}"
+
+
+_FAKE_COPY = """
+import numpy as np, torch
+import torchshard as ts
+ts.setup_cpu_emulation(8)
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torchshard._backend.xla import backend as backend_xla
+with FakeTensorMode():
+    fake = torch.zeros(8, 2)
+assert fake.device.type == "cpu"  # it says it is host data ...
+spec = backend_xla._sharding_spec(ts.Mesh(np.arange(8), ("data",)), (("data",), ()), (8, 2),
+                                  torch.float32)
+backend_xla._tensors_from_aten([fake], [spec])  # ... and torch_xla reads its memory
+print("copied")
+"""
+
+
+def test_torch_xla_still_crashes_copying_a_fake_tensor(tmp_path):
+    """The upstream behaviour the FakeTensor refusal (``_place.host_data``) works around
+    (torch 2.9 + torch_xla 2.9.0): a FakeTensor reports device ``cpu`` but has no memory, and
+    torch_xla's host-to-device copy reads it: SIGSEGV. When this fails (torch_xla refuses it,
+    or copies zeros), the crash is gone; keep refusing anyway (a FakeTensor has no values)."""
+    script = tmp_path / "fake_copy.py"
+    script.write_text(_FAKE_COPY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == -11, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "copied" not in done.stdout
