@@ -75,6 +75,12 @@ class Placement(Protocol):
         runtime holds unsharded)."""
         ...
 
+    def devices_in_host_memory(self) -> bool:
+        """Whether this process's devices keep their buffers in its own memory (torch_xla's
+        CPU devices: the emulation), so that a call's device copies are checked against the
+        host's free memory before anything moves (an overrun aborted inside XLA)."""
+        ...
+
     def is_global(self, x: Any) -> bool:
         """Whether ``x`` is a global tensor of this backend."""
         ...

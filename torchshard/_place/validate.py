@@ -29,6 +29,7 @@ from torchshard._core.topology import Topology
 from torchshard._core.tree import broadcast_prefix
 from torchshard._place.call import CallPlan, HostCall
 from torchshard._place.host_data import host_tensors
+from torchshard._place.memory import check_fits
 
 _REPLICATED = PartitionSpec()
 
@@ -67,6 +68,9 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
         plans.append(
             plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, paths[i])
         )
+    if backend.place.devices_in_host_memory():
+        itemsizes = [t.element_size() for t in tensors[0]]
+        check_fits(call.argname, plans, itemsizes, paths.__getitem__)
     slot = {h: k for k, h in enumerate(topology.data_hosts)}
     shared: tuple[tuple[int, PartitionSpec, tuple[SharedBlock, ...]], ...] = ()
     if len(slot) > 1:  # virtual hosts: one process supplies the blocks hosts may share

@@ -220,6 +220,9 @@ class DTensorRuntime:
         require_process_group()
         return (dist.get_rank(),)
 
+    def devices_in_host_memory(self) -> bool:
+        return False  # one device per process, holding its own shard: no copies multiply
+
     def bind_thread(self, mesh: Mesh) -> None:
         devices.bind_thread(meshes.mesh_device(device_mesh(mesh)))
 

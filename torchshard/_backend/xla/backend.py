@@ -23,6 +23,7 @@ from torchshard._backend.protocols import Backend, LocalShard, MakeGlobal
 from torchshard._backend.registry import register
 from torchshard._backend.xla.mesh import XlaMeshes, to_xla_mesh
 from torchshard._backend.xla.runtime import (
+    cpu_devices,
     device_id,
     global_tensor_from_cpu_shards,
     local_devices,
@@ -214,6 +215,9 @@ class XlaRuntime:
         # Every device this process drives (a mesh covers all devices, so all of them are in
         # it), in the order _global_tensor_from_cpu_shards takes shards.
         return local_devices()
+
+    def devices_in_host_memory(self) -> bool:
+        return cpu_devices()
 
     def is_global(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor) and x.device.type == "xla"
