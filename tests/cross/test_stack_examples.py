@@ -7,8 +7,8 @@ parallel sharding equal to torch's ``context_parallel``. (Lightning's example ru
 docs/stacks.md shows each script's essential part: the text between the script's lines
 ``# --- docs/stacks.md: NAME`` and ``# --- end``, dedented, is the block after the marker
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
-``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``), so the page
-shows code that CI runs.
+``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``, and
+Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ EXAMPLES = [
     ),
 ]
 IDS = [e.name for e in EXAMPLES]
+# (script, NAME) of every script docs/stacks.md shows a part of.
+SHOWN = [(e.script, e.name) for e in EXAMPLES] + [("lightning_ddp.py", "lightning-ddp")]
 
 
 def shown_block(name: str) -> str:
@@ -87,30 +89,30 @@ def shown_block(name: str) -> str:
 
 
 def marked_part(script: pathlib.Path, name: str) -> str:
-    """The dedented text between ``# --- docs/stacks.md: NAME`` and ``# --- end``."""
+    """The dedented text between ``# --- docs/stacks.md: NAME`` and ``# --- end``, without
+    the blank lines at either end (the formatter puts two after a function)."""
     lines = script.read_text().splitlines()
     begin = f"# --- docs/stacks.md: {name}"
     starts = [i for i, line in enumerate(lines) if line.strip() == begin]
     assert len(starts) == 1, f"{script.name}: expected one line {begin!r}, found {len(starts)}"
     ends = [i for i, line in enumerate(lines) if line.strip() == "# --- end" and i > starts[0]]
     assert ends, f"{script.name}: no '# --- end' after {begin!r}"
-    return textwrap.dedent("\n".join(lines[starts[0] + 1 : ends[0]]) + "\n")
+    return textwrap.dedent("\n".join(lines[starts[0] + 1 : ends[0]])).strip("\n") + "\n"
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
-def test_the_page_shows_the_scripts_marked_part(example):
-    shown = shown_block(f"stacks-{example.name}")
-    assert shown == marked_part(STACKS / example.script, example.name), (
-        f"{PAGE}: the block after <!-- example:stacks-{example.name} --> differs from "
-        f"examples/stacks/{example.script}'s marked part: copy the part between its markers "
-        "into the block"
+@pytest.mark.parametrize(("script", "name"), SHOWN, ids=[name for _, name in SHOWN])
+def test_the_page_shows_the_scripts_marked_part(script, name):
+    assert shown_block(f"stacks-{name}") == marked_part(STACKS / script, name), (
+        f"{PAGE}: the block after <!-- example:stacks-{name} --> differs from "
+        f"examples/stacks/{script}'s marked part: copy the part between its markers into the "
+        "block"
     )
 
 
 def test_marked_part_reads_between_the_markers(tmp_path):
     script = tmp_path / "s.py"
     script.write_text(
-        "def f():\n    # --- docs/stacks.md: s\n    a = 1\n\n    b = 2\n    # --- end\n"
+        "def f():\n    # --- docs/stacks.md: s\n\n    a = 1\n\n    b = 2\n\n\n    # --- end\n"
     )
     assert marked_part(script, "s") == "a = 1\n\nb = 2\n"
     with pytest.raises(
