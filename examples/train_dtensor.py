@@ -32,7 +32,8 @@ def main() -> None:
     # Without torch_xla (or with it, once the process group exists) the mesh is DTensor's.
     mesh = ts.create_device_mesh((world,), ("data",))
     data = dataset()
-    sampler = ts.host_sampler(data, {"num_shards": world, "shard_index": rank})
+    with mesh:  # the feed from the mesh: each process reads the shard of the rows it holds
+        sampler = ts.host_sampler(data, ts.P("data"))
     source = DataLoader(data, batch_size=GLOBAL_BATCH // world, sampler=sampler, drop_last=True)
     model = DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))

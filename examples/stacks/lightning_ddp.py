@@ -3,8 +3,9 @@
 
 The same training is run twice: fed Lightning's own way (a DataLoader, into which Lightning
 puts a DistributedSampler) and by a ``GlobalBatchLoader(..., local=True)`` over
-``host_sampler(data, P("dp"))``. Lightning calls ``set_epoch`` on ``loader.sampler`` each
-epoch, so the second epoch has a new order, and the losses are equal bit for bit.
+``host_sampler(data, P("dp"))`` (``torchshard_loader``, between the markers: the block in
+docs/stacks.md). Lightning calls ``set_epoch`` on ``loader.sampler`` each epoch, so the second
+epoch has a new order, and the losses are equal bit for bit.
 """
 
 import os
@@ -29,6 +30,21 @@ class Examples(Dataset):
         return {"x": self.x[i], "y": self.y[i]}
 
 
+# --- docs/stacks.md: lightning-ddp
+def torchshard_loader(data):
+    """What ``train_dataloader`` returns: Lightning passes it through (it is no DataLoader, so
+    no DistributedSampler goes in) and calls ``set_epoch`` on ``loader.sampler`` each epoch."""
+    world = torch.distributed.get_world_size()  # Lightning's DDP has started the group
+    mesh = ts.Mesh.from_device_mesh(init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)))
+    with mesh:
+        sampler = ts.host_sampler(data, ts.P("dp"), shuffle=True, drop_last=False)
+    source = DataLoader(data, batch_size=2, sampler=sampler)
+    return ts.GlobalBatchLoader(source, partition=ts.P("dp"), mesh=mesh, local=True)
+
+
+# --- end
+
+
 class Model(L.LightningModule):
     def __init__(self, feed):
         super().__init__()
@@ -41,12 +57,7 @@ class Model(L.LightningModule):
     def train_dataloader(self):
         if self.feed == "lightning":  # Lightning shards it with its DistributedSampler
             return DataLoader(self.data, batch_size=2, shuffle=True)
-        world = torch.distributed.get_world_size()
-        mesh = ts.Mesh.from_device_mesh(init_device_mesh("cpu", (world,), mesh_dim_names=("dp",)))
-        with mesh:
-            sampler = ts.host_sampler(self.data, ts.P("dp"), shuffle=True, drop_last=False)
-        source = DataLoader(self.data, batch_size=2, sampler=sampler)
-        return ts.GlobalBatchLoader(source, partition=ts.P("dp"), mesh=mesh, local=True)
+        return torchshard_loader(self.data)
 
     def training_step(self, batch, i):
         if i == 0:
@@ -85,6 +96,7 @@ assert torch.equal(torch.stack(ours.losses), torch.stack(theirs.losses)), (
     theirs.losses,
 )
 assert len(ours.firsts) == 2 and not torch.equal(ours.firsts[0], ours.firsts[1])
-print(
+line = (
     f"lightning_ddp rank {rank}: 2 epochs, new order each epoch, losses equal to Lightning's feed"
 )
+print(line + "\n", end="", flush=True)  # one write (atomic on a pipe): the ranks' lines never mix

@@ -41,6 +41,7 @@ DOCUMENTS = (
     "docs/testing.md",
     "docs/layout.md",
     "docs/data.md",
+    "docs/stacks.md",
 )
 KINDS = {"run", "continues", "torchrun", "ci", "shell", "output", "example", "fragment"}
 MARKER = re.compile(r"<!-- (?P<kind>[a-z]+):(?P<name>[A-Za-z0-9_-]+) -->")

@@ -75,10 +75,14 @@ def train(
     steps_per_epoch = 64
     dataset = SyntheticClassification(steps_per_epoch * batch_size, seed=seed)
     per_host = batch_size // hosts
-    samplers = [
-        ts.host_sampler(dataset, {"num_shards": hosts, "shard_index": h}, seed=seed)
-        for h in range(hosts)
-    ]
+
+    def feed(h: int) -> dict[str, int]:
+        """Host ``h``'s shard, from the mesh: the rows its devices hold (dim 0 over every axis,
+        the loader's default)."""
+        with virtual_hosts(hosts, process_index=h):
+            return ts.feed_read_config(ts.P(mesh.axis_names), mesh=mesh)
+
+    samplers = [ts.host_sampler(dataset, feed(h), seed=seed) for h in range(hosts)]
     host_workers = max(1, workers // hosts) if workers > 0 else 0
     loaders = [host_loader(dataset, per_host, sampler, host_workers) for sampler in samplers]
     log(

@@ -83,9 +83,8 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
         steps_per_epoch = 64
         dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
         per_process = s.batch_size // s.processes
-        sampler = ts.host_sampler(
-            dataset, {"num_shards": s.processes, "shard_index": rank}, seed=s.seed
-        )
+        with mesh:  # the feed from the mesh: the shard of the rows this process holds
+            sampler = ts.host_sampler(dataset, ts.input_partition_spec(), seed=s.seed)
         workers = max(1, s.workers // s.processes) if s.workers > 0 else 0
         source = host_loader(dataset, per_process, sampler, workers)
         log(
