@@ -21,8 +21,11 @@ BENCHES: dict[str, str] = {
     "soak": "torchshard._tools.bench.soak",
     "sweep": "torchshard._tools.bench.sweep",
     "ends": "torchshard._tools.bench.ends",
+    "epoch_check": "torchshard._tools.bench.epoch_check",
 }
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
 # run on a plain install (no torch_xla).
-NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "dtensor_dispatch", "dtensor_loader", "h2d"})
+NEEDS_NO_XLA: frozenset[str] = frozenset(
+    {"dtensor", "dtensor_dispatch", "dtensor_loader", "epoch_check", "h2d"}
+)
