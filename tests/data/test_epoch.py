@@ -116,7 +116,7 @@ def test_ending_a_closed_epoch_changes_nothing(mesh8):
 # -- nothing silent when processes share a block: the first batch of every epoch is compared --
 
 
-def _shared_block_error(n):
+def _shared_block_error(n, also=""):
     return (
         re.escape(
             f"ProcessDisagreementError: batch['x']: GlobalBatchLoader: batch {n}: the ranks "
@@ -127,9 +127,9 @@ def _shared_block_error(n):
         + re.escape(" on rank(s) [0]; checksum ")
         + "[0-9a-f]{16}"
         + re.escape(
-            " on rank(s) [1]. A replicated leaf (P()) or a mesh axis the spec leaves free gives "
-            "several processes the same block: give them equal values, or shard the leaf over "
-            "that axis. A loader's feed that reads one shard per process gives them different "
+            f" on rank(s) [1].{also} A replicated leaf (P()) or a mesh axis the spec leaves free "
+            "gives several processes the same block: give them equal values, or shard the leaf "
+            "over that axis. A loader's feed that reads one shard per process gives them different "
             "examples: read the shard of the mesh's data axes, "
             "torchshard.feed_read_config(spec) (or torchshard.host_sampler(dataset, spec)), "
             "which gives the processes that share a block the same one."
@@ -147,9 +147,11 @@ def test_the_old_recipe_raises_at_the_first_batch_of_every_epoch_by_default(pool
     setting, every rank raises at batch 0 of epoch 0 and again of epoch 1."""
     results = pools(4).run(CASE, feed="old")
     assert len(results) == 4
+    # Both tp pairs differ, and both are named (before: only the first).
+    also = " The ranks [2, 3] (global ranges ((2, 4), (0, 1))) differ too."
     for r in results:
         for epoch in ("epoch 0", "epoch 1"):
-            assert re.fullmatch(_shared_block_error(0), r[epoch]["error"]), r
+            assert re.fullmatch(_shared_block_error(0, also), r[epoch]["error"]), r
             assert r[epoch]["taken"] == 0
         assert r["after"] == (8, 2)  # the processes are still in step
 

@@ -83,6 +83,10 @@ def _checksum(t: torch.Tensor) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+def _ranks(by_checksum: dict[str, list[int]]) -> list[int]:
+    return sorted(r for ranks in by_checksum.values() for r in ranks)
+
+
 def check_values(tree: Any, argname: str, what: str) -> None:
     """Processes whose blocks of a DTensor in ``tree`` cover the same global ranges must hold
     the same values (``set_value_check``): one exchange of a checksum per leaf and process."""
@@ -104,21 +108,26 @@ def check_values(tree: Any, argname: str, what: str) -> None:
         for r, items in enumerate(every):
             ranges, _, checksum = items[i].rpartition(" ")
             by_ranges.setdefault(ranges, {}).setdefault(checksum, []).append(r)
-        for ranges, sums in by_ranges.items():
-            if len(sums) > 1:
-                seen = "; ".join(f"checksum {c} on rank(s) {rs}" for c, rs in sums.items())
-                ranks = sorted(r for rs in sums.values() for r in rs)
-                raise ProcessDisagreementError(
-                    at(
-                        where[i],
-                        f"{what}: the ranks {ranks} hold the same block (global ranges {ranges}, "
-                        "one (start, stop) per dimension) and must pass the same values, but "
-                        f"found {seen}. A replicated leaf (P()) or a mesh axis the spec leaves "
-                        "free gives several processes the same block: give them equal values, or "
-                        "shard the leaf over that axis. A loader's feed that reads one shard per "
-                        "process gives them different examples: read the shard of the mesh's "
-                        "data axes, torchshard.feed_read_config(spec) (or "
-                        "torchshard.host_sampler(dataset, spec)), which gives the processes "
-                        "that share a block the same one.",
-                    )
-                )
+        bad = [(ranges, sums) for ranges, sums in by_ranges.items() if len(sums) > 1]
+        if not bad:
+            continue
+        ranges, sums = bad[0]
+        seen = "; ".join(f"checksum {c} on rank(s) {rs}" for c, rs in sums.items())
+        also = "".join(  # every block whose holders differ is named, not only the first
+            f" The ranks {_ranks(other)} (global ranges {block}) differ too."
+            for block, other in bad[1:]
+        )
+        raise ProcessDisagreementError(
+            at(
+                where[i],
+                f"{what}: the ranks {_ranks(sums)} hold the same block (global ranges {ranges}, "
+                "one (start, stop) per dimension) and must pass the same values, but "
+                f"found {seen}.{also} A replicated leaf (P()) or a mesh axis the spec leaves "
+                "free gives several processes the same block: give them equal values, or "
+                "shard the leaf over that axis. A loader's feed that reads one shard per "
+                "process gives them different examples: read the shard of the mesh's "
+                "data axes, torchshard.feed_read_config(spec) (or "
+                "torchshard.host_sampler(dataset, spec)), which gives the processes "
+                "that share a block the same one.",
+            )
+        )
