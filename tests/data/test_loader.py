@@ -543,3 +543,44 @@ def test_deepcopy_mid_epoch_is_refused_with_the_way_to_clone_the_position(mesh8)
     with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
         copy.deepcopy(loader)
     loader.close()
+
+
+def _blocked_source(entered, release, returned):
+    """Two batches, then a source blocked until ``release`` (a slow dataset, a stuck worker)."""
+    yield {"x": np.zeros((8, 2), np.float32)}
+    yield {"x": np.ones((8, 2), np.float32)}
+    entered.set()
+    release.wait(60)
+    returned.set()
+
+
+@pytest.mark.parametrize("how", ["close(timeout=0)", "KeyboardInterrupt in with"])
+def test_close_need_not_wait_for_a_thread_blocked_in_the_source(mesh8, how, caplog):
+    """Before, ``close()`` after Ctrl-C waited 10 s for a thread blocked in the source, and
+    there was no way to say not to. ``close(timeout=0)`` and leaving a ``with`` block by
+    ``KeyboardInterrupt`` return while the source is still blocked; the thread ends when the
+    source returns."""
+    import threading
+
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+    source = _blocked_source(entered, release, returned)
+    loader = ts.GlobalBatchLoader(source, partition=ts.P("data"), prefetch=2)
+    with mesh8:
+        if how == "close(timeout=0)":
+            it = iter(loader)
+            next(it)
+            assert entered.wait(30)  # the loader's thread is inside the source
+            loader.close(timeout=0)
+        else:
+            with pytest.raises(KeyboardInterrupt), loader:
+                it = iter(loader)
+                next(it)
+                assert entered.wait(30)
+                raise KeyboardInterrupt
+    assert not returned.is_set()  # close returned while the source was still blocked ...
+    assert "did not stop within" not in caplog.text  # ... without waiting for it (was: 10 s)
+    with pytest.raises(StopIteration):
+        next(it)  # closed: it just stops
+    release.set()
+    assert returned.wait(30)
+    assert wait_until(no_loader_thread_left)

@@ -28,12 +28,18 @@ from torchshard.data._sampler import HostSampler
 from torchshard.data._stats import Counters
 
 
-def _close(prefetcher: Prefetcher[Any] | None, stream: Stream | None, wait: bool = True) -> None:
+def _close(
+    prefetcher: Prefetcher[Any] | None,
+    stream: Stream | None,
+    wait: bool = True,
+    timeout: float | None = None,
+) -> None:
     """Stops the thread, then ends the stream once the thread has stopped (its exchanges may
     still come until then). ``wait=False``: an abandoned epoch's finalizer, which does not join
-    a thread blocked in the source; a daemon thread ends the stream when it stops."""
+    a thread blocked in the source; a daemon thread ends the stream when it stops. ``timeout``:
+    the most seconds to wait for a thread blocked in the source (``Prefetcher.close``)."""
     if prefetcher is not None:
-        prefetcher.close(wait=wait)
+        prefetcher.close(wait=wait, timeout=timeout)
         if prefetcher.alive:
             if stream is not None:
                 _end_later(prefetcher, stream)
@@ -240,9 +246,9 @@ class Epoch(Iterator[Any]):
             self._ended_by = by
         self.close()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stops the background thread, frees queued batches and ends the epoch's stream of
-        exchanges (idempotent)."""
+        exchanges (idempotent); ``timeout``: see ``GlobalBatchLoader.close``."""
         self._closed = True
-        _close(self._prefetcher, self._stream)
+        _close(self._prefetcher, self._stream, timeout=timeout)
         self._producer = None

@@ -323,25 +323,35 @@ class GlobalBatchLoader(Iterable[Any]):
                 "use torchshard.testing.global_batch_loader_per_host with one source per host."
             )
 
-    def _close_epoch(self, by: str | None = None) -> None:
+    def _close_epoch(self, by: str | None = None, timeout: float | None = None) -> None:
         """Closes the current epoch; ``by``: what ends it, so that its iterator, if used again,
         raises naming it (``None``: ``close()``, after which it just stops)."""
         epoch = self._epoch() if self._epoch is not None else None
         if epoch is not None:
             if by is None:
-                epoch.close()
+                epoch.close(timeout)
             else:
                 epoch.end(by)
 
-    def close(self) -> None:
-        """Stops the current epoch's thread and frees its queued batches (idempotent)."""
-        self._close_epoch()
+    def close(self, *, timeout: float | None = None) -> None:
+        """Stops the current epoch's thread and frees its queued batches (idempotent).
+
+        A thread blocked inside the source (a slow dataset, a stuck worker) cannot be
+        stopped: ``close`` waits for it at most ``timeout`` seconds (``None``: 10 s), then logs
+        a warning and returns; the daemon thread exits when the source returns and does not
+        hold up the interpreter's exit. ``timeout=0`` does not wait (as after Ctrl-C: leaving
+        a ``with GlobalBatchLoader(...)`` block by ``KeyboardInterrupt`` or ``SystemExit``
+        closes it so)."""
+        self._close_epoch(timeout=timeout)
 
     def __enter__(self) -> GlobalBatchLoader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        interrupted = isinstance(exc_type, type) and issubclass(
+            exc_type, (KeyboardInterrupt, SystemExit)
+        )
+        self.close(timeout=0 if interrupted else None)
 
     def __len__(self) -> int:
         lens = []

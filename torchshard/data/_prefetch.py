@@ -232,11 +232,16 @@ class Prefetcher(Generic[T]):
         """Whether the background thread is still running this stream."""
         return not self._finished.is_set()
 
-    def close(self, *, wait: bool = True) -> None:
+    def close(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stops the stream, drops queued items and, if it had not ended, joins the thread
-        (idempotent). ``wait=False`` (an abandoned iterator's finalizer, which may run at
-        interpreter exit after Ctrl-C) does not wait for a thread blocked inside the source:
-        it exits when the source returns, and a daemon thread does not hold up the exit."""
+        (idempotent), for at most ``timeout`` seconds (``None``: ``JOIN_SECONDS``). ``wait=False``
+        (an abandoned iterator's finalizer, which may run at interpreter exit after Ctrl-C;
+        ``close(timeout=0)``) does not wait for a thread blocked inside the source: it exits
+        when the source returns, and a daemon thread does not hold up the exit."""
+        if timeout is None:
+            timeout = JOIN_SECONDS
+        elif timeout <= 0:
+            wait = False
         self._done = True
         with self._lock:
             if not self._ended:
@@ -249,18 +254,18 @@ class Prefetcher(Generic[T]):
             return
         if self._thread is not threading.current_thread():
             if join:
-                self._thread.join(timeout=JOIN_SECONDS)
+                self._thread.join(timeout=timeout)
                 stopped = not self._thread.is_alive()
             else:  # ended by itself: the job returns at once, and the thread parks
-                stopped = self._finished.wait(timeout=JOIN_SECONDS)
+                stopped = self._finished.wait(timeout=timeout)
             if stopped:
                 self._produce = _closed  # frees what produce holds (e.g. source iterators)
             else:
                 _log.warning(
-                    "thread %r did not stop within %.0f s: it is blocked inside the source; it "
+                    "thread %r did not stop within %g s: it is blocked inside the source; it "
                     "exits when the source returns.",
                     self.name,
-                    JOIN_SECONDS,
+                    timeout,
                 )
         self._drain()
 
