@@ -586,3 +586,92 @@ def test_layout_with_stdout_closed_is_one_line(tmp_path):
         "python -m torchshard layout: error: standard output is closed, so there is nowhere to "
         "print to; redirect it to a file or to /dev/null instead of closing it."
     )
+
+
+# -- --devices N: every command builds its meshes from the device count (issue 22) ----------
+
+# The torch_xla benches that --quick keeps to seconds, run in one child with N emulated devices
+# (one runtime start per count): each ended in "mesh Mesh({'data': 8}) covers devices [0..7],
+# but the runtime has N devices" for N != 8. (loader and soak take minutes even with --quick.)
+QUICK_XLA_BENCHES = ("h2g", "g2h", "overhead", "sweep", "dispatch", "ends")
+BENCH_CHILD = """
+import json, sys
+from torchshard._tools.cli import main
+devices, out = sys.argv[1], sys.argv[2]
+for i, name in enumerate(sys.argv[3:]):
+    args = ["--devices", devices, "bench", name, "--quick", "--plain", "--threads", "1"]
+    status = main([*args, "--json", f"{out}.{i}"])
+    if status:
+        raise SystemExit(f"bench {name} --devices {devices}: exit status {status}")
+"""
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("devices", [1, 3])
+def test_the_quick_benches_run_on_any_device_count(tmp_path, devices):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-c", BENCH_CHILD, str(devices), str(out), *QUICK_XLA_BENCHES],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    runs = [
+        json.loads((tmp_path / f"bench.json.{i}").read_text())
+        for i in range(len(QUICK_XLA_BENCHES))
+    ]
+    assert [r["settings"]["benches"] for r in runs] == [[n] for n in QUICK_XLA_BENCHES]
+    assert {r["settings"]["devices"] for r in runs} == {devices}
+    cases = {f["case"] for r in runs for f in r["figures"]}
+    rows = {1: 64, 3: 66}[devices]  # the quick rows, rounded up to a multiple of N
+    grid = {1: "(1,1)", 3: "(3,1)"}[devices]
+    assert f"1x[{rows},32] f32 ({devices},)" in cases and f"8x[{rows},32] f32 {grid}" in cases
+    physical = {1: 256, 3: 288}[devices]  # a multiple of 2N and of 16 (L over N and 8 feeds)
+    assert f"P={physical} L={physical // 2} W=1024 f32 ({devices},)" in cases
+    short = {1: 24, 3: 24}[devices]
+    assert f"3 x [{rows},32] f32 + [{short},32] ({devices},)" in cases
+    assert all(f["value"] == f["value"] for r in runs for f in r["figures"])  # no NaN
+
+
+def test_bench_refuses_more_gloo_processes_than_it_runs(capsys):
+    """``bench dtensor_loader`` starts one gloo process per device: past
+    ``MAX_GLOO_PROCESSES`` the parser says so (``--quick`` runs two, whatever ``--devices``)."""
+    top = cli.MAX_GLOO_PROCESSES
+    for name in ("dtensor_loader", "all"):
+        result = _main(capsys, "bench", name, "--devices", str(top + 1))
+        _one_line_error(
+            result,
+            "bench",
+            f"--devices {top + 1}: bench dtensor_loader starts one gloo process per device and "
+            f"runs at most {top} (each a Python with torch); pass --devices {top} or fewer (or "
+            "--quick, which runs 2)",
+        )
+
+
+HUGE = 10**18
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "rich"])
+@pytest.mark.parametrize(
+    ("mesh", "axes", "spec", "shape"),
+    [
+        ("8", "data", "data", f"{HUGE}"),
+        ("8", "data", "None,data", f"4,{HUGE}"),
+        ("4,2", "data,model", "data,model", f"{HUGE},{HUGE}"),
+        ("4,2", "data,model", "('data','model'),None", f"{HUGE + 1},16"),
+    ],
+)
+def test_a_layout_of_a_huge_dimension_shows_every_device(capsys, plain, mesh, axes, spec, shape):
+    """A dimension of 10**18 (int maths, no float rounding): every device's block is drawn,
+    device 7's last one ending at the dimension's size."""
+    args = ["layout", "--mesh", mesh, "--axes", axes, "--spec", spec, "--shape", shape]
+    result = _main(capsys, *args, *(["--plain"] if plain else []))
+    assert (result.returncode, result.stderr) == (0, "")
+    grid, _, hosts = result.stdout.partition("host 0: devices 0-7")
+    assert sorted(set(re.findall(r"device (\d)\b", grid))) == [str(d) for d in range(8)]
+    assert hosts.startswith(", local block shape")
+    if plain and spec == "data":
+        assert "875000000000000000:1000000000000000000 | device 7 |" in grid

@@ -63,24 +63,100 @@ def test_demo_trains_and_the_loss_falls(args, hosts):
 
 
 @pytest.mark.xla
+@pytest.mark.parametrize(("devices", "hosts", "mesh"), [(1, 1, (1, 1)), (3, 3, (3, 1))])
+def test_demo_trains_on_any_device_count(devices, hosts, mesh):
+    """``--devices N`` builds the mesh from N ((N / 2, 2), or (N, 1) for odd N) and rounds
+    the default batch up to a multiple of N: on 1 and 3 devices it ended in a traceback (a
+    (4, 2) mesh on a runtime of N devices)."""
+    run = demo("--steps", "12", "--hosts", str(hosts), "--workers", "0", devices=devices)
+    assert run.returncode == 0, run.stdout + run.stderr
+    batch = demo_module.default_batch(devices)
+    assert batch == {1: 256, 3: 258}[devices]
+    assert run.stdout.startswith(
+        f"mesh {{'data': {mesh[0]}, 'model': {mesh[1]}}}, {hosts} host(s) x 0 DataLoader "
+        f"worker(s), global batch {batch} ({batch // hosts} per host), 12 steps\n"
+    )
+    assert run.stdout.endswith("ok: the loss fell\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--hosts", "8", "--devices", "4"),
+            (
+                "--hosts 8 needs a device count that it divides (each virtual host owns as many "
+                "devices), but there are 4 devices; pass --devices 8 or --hosts 4"
+            ),
+        ),
+        (
+            ("--hosts", "3", "--devices", "8"),
+            (
+                "--hosts 3 needs a device count that it divides (each virtual host owns as many "
+                "devices), but there are 8 devices; pass --devices 6 or --hosts 2"
+            ),
+        ),
+        (
+            ("--devices", "512"),
+            (
+                "--devices 512: the demo trains with torch's autograd, which handles at most 127 "
+                "devices of a kind (its device index is 8 bits); pass --devices 127 or fewer "
+                "(bench runs on more)"
+            ),
+        ),
+        (
+            ("--devices", "3", "--batch", "256"),
+            (
+                "--batch 256 must be a multiple of the 3 devices (each gets as many rows); pass "
+                "--batch 258, or leave it out"
+            ),
+        ),
+    ],
+    ids=["more-hosts-than-devices", "hosts-not-dividing", "too-many-devices", "uneven-batch"],
+)
+def test_combinations_that_cannot_work_are_refused_by_the_parser(args, message):
+    """Before any device starts: one line, exit status 2, no traceback (``--hosts 8
+    --devices 4`` ended in create_device_mesh's ValueError)."""
+    run = demo("--backend", "xla", *args)
+    assert (run.returncode, run.stdout) == (2, ""), run.stderr
+    assert run.stderr == f"python -m torchshard demo: error: {message}\n"
+
+
+@pytest.mark.xla
 def test_demo_fails_when_the_loss_does_not_fall():
     run = demo("--steps", "8", "--lr", "0")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "FAILED: the loss did not fall" in run.stderr
 
 
-def test_demo_on_dtensor_refuses_virtual_hosts_and_uneven_batches():
-    for args in (
-        ("--backend", "dtensor", "--hosts", "2"),
-        ("--backend", "dtensor", "--batch", "9"),
+def test_demo_on_dtensor_refuses_virtual_hosts_uneven_batches_and_too_many_processes():
+    for args, message in (
+        (
+            ("--hosts", "2"),
+            (
+                "--hosts 2: on dtensor every one of the --devices (2) gloo processes is a host of "
+                "its own, so --hosts must be 1 (leave it out)"
+            ),
+        ),
+        (
+            ("--batch", "9"),
+            (
+                "--batch 9 must be a multiple of the 2 devices (each gets as many rows); pass "
+                "--batch 10, or leave it out"
+            ),
+        ),
+        (
+            ("--devices", "512"),
+            (
+                "--devices 512: the dtensor demo starts one gloo process per device and runs at "
+                "most 32 (each a Python with torch); pass --devices 32 or fewer, or --backend xla "
+                "to emulate more devices"
+            ),
+        ),
     ):
-        run = demo(*args, devices=2)
-        assert run.returncode == 2, run.stdout + run.stderr
-        assert run.stderr == (
-            "demo: on dtensor every one of the --devices (2) gloo processes is a host: --hosts "
-            f"({args[-1] if args[-2] == '--hosts' else 1}) must be 1 and --batch "
-            f"({args[-1] if args[-2] == '--batch' else 256}) a multiple of the process count\n"
-        )
+        run = demo("--backend", "dtensor", *args, devices=2)
+        assert (run.returncode, run.stdout) == (2, ""), run.stderr
+        assert run.stderr == f"python -m torchshard demo: error: {message}\n"
 
 
 def test_demo_on_xla_without_torch_xla_names_the_extra():
@@ -97,7 +173,7 @@ def test_demo_on_xla_without_torch_xla_names_the_extra():
 
 
 def _args(**kwargs):
-    base = {"steps": 20, "hosts": 1, "batch": 256, "workers": 0, "lr": 3e-3, "seed": 0}
+    base = {"steps": 20, "hosts": 1, "batch": None, "workers": 0, "lr": 3e-3, "seed": 0}
     base.update({"devices": 8, "backend": "xla"})
     base.update(kwargs)
     return types.SimpleNamespace(**base)
@@ -124,27 +200,30 @@ def test_resolve_backend(monkeypatch):
         (
             {"hosts": 3},
             (
-                "demo: --hosts (3) must divide the 8 devices and --batch (256) must be a multiple "
-                "of 8\n"
+                "demo: --hosts 3 needs a device count that it divides (each virtual host owns as "
+                "many devices), but there are 8 devices; pass --devices 6 or --hosts 2\n"
             ),
         ),
         (
             {"batch": 12},
             (
-                "demo: --hosts (1) must divide the 8 devices and --batch (12) must be a multiple "
-                "of 8\n"
+                "demo: --batch 12 must be a multiple of the 8 devices (each gets as many rows); "
+                "pass --batch 16, or leave it out\n"
             ),
         ),
         (
-            {"backend": "dtensor", "devices": 3},
+            {"backend": "dtensor", "devices": 3, "hosts": 3},
             (
-                "demo: on dtensor every one of the --devices (3) gloo processes is a host: --hosts "
-                "(1) must be 1 and --batch (256) a multiple of the process count\n"
+                "demo: --hosts 3: on dtensor every one of the --devices (3) gloo processes is a "
+                "host of its own, so --hosts must be 1 (leave it out)\n"
             ),
         ),
     ],
 )
 def test_bad_settings_exit_2_before_training(capsys, monkeypatch, kwargs, message):
+    """``main`` checks against the runtime's device count (a TPU's chips need not be
+    ``--devices``): here a stubbed 8."""
+    monkeypatch.setattr(demo_module, "device_count", lambda: 8)
     monkeypatch.setattr(demo_module, "train", lambda **kw: pytest.fail("trained"))
     assert demo_module.main(_args(**kwargs)) == 2
     out, err = capsys.readouterr()
@@ -153,6 +232,7 @@ def test_bad_settings_exit_2_before_training(capsys, monkeypatch, kwargs, messag
 
 def test_the_report_and_the_status(capsys, monkeypatch):
     calls = []
+    monkeypatch.setattr(demo_module, "device_count", lambda: 8)
     monkeypatch.setattr(demo_module, "train", lambda **kw: calls.append(kw) or RESULT)
     assert demo_module.main(_args(hosts=2)) == 0
     assert calls[0]["hosts"] == 2 and calls[0]["steps"] == 20 and calls[0]["batch_size"] == 256

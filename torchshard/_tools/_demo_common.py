@@ -59,6 +59,13 @@ def host_loader(dataset: Any, batch_size: int, sampler: Any, workers: int) -> Da
     )
 
 
+def mesh_shape(devices: int) -> tuple[int, int]:
+    """The demos' ``(data, model)`` mesh: ``(N / 2, 2)`` for an even device count N, else
+    ``(N, 1)``: a mesh of every device for any N >= 1 (both axes named, so the ``FULL`` spec
+    ``P(("data", "model"))`` reads the same on every count)."""
+    return (devices // 2, 2) if devices % 2 == 0 else (devices, 1)
+
+
 def mlp() -> torch.nn.Module:
     """The model: 32 -> 128 -> 128 -> 10."""
     return torch.nn.Sequential(

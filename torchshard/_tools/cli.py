@@ -1,15 +1,18 @@
 """The command line: ``python -m torchshard {demo,bench,layout}``.
 
 Commands that run on devices (``bench``, ``demo``) get the CPU emulation (``--devices``, 8 by
-default, SPMD on) before anything imports torch_xla, unless a TPU is present. ``layout`` is
-pure index maths and never starts torch_xla.
+default, SPMD on) before anything imports torch_xla, unless a TPU is present, and build their
+meshes from the run's device count (``bench._devices``, ``_demo_common.mesh_shape``).
+``layout`` is pure index maths and never starts torch_xla.
 
 Errors in what the user typed end the command with exit status 2 and one line on stderr
 (``python -m torchshard layout: error: ...``), never a traceback: argparse's own errors (one
 line, without the usage block), the option checks below (positive counts, writable output
-paths, the size of a layout) and the ``ValueError``/``TypeError``/``OSError`` of the layout
-command, whose whole input is the user's. ``bench --strict`` exits with 1 when a target is
-missed. The global options (``--devices``) are accepted before or after the subcommand.
+paths, the size of a layout; ``demo``'s ``--hosts`` and ``--batch`` against ``--devices``, the
+gloo processes' cap, all before any device starts) and the ``ValueError``/``TypeError``/
+``OSError`` of the layout command, whose whole input is the user's. ``bench --strict`` exits
+with 1 when a target is missed. The global options (``--devices``) are accepted before or
+after the subcommand.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ MAX_PNG_DEVICES = 1_024
 # cores) and 2**40 was a traceback from torch.
 THREADS_PER_CORE = 4
 MAX_THREADS = THREADS_PER_CORE * (os.cpu_count() or 1)
+# ``demo --backend dtensor`` and ``bench dtensor_loader`` start one gloo process per device, each
+# a Python with torch (about 300 MB, seconds to start): 512 of them would not fit a laptop.
+MAX_GLOO_PROCESSES = 32
+# The XLA demo trains with autograd, and torch's autograd engine keeps its per-device queues
+# under a c10::DeviceIndex (int8): on 128 or more devices backward() fails an INTERNAL ASSERT
+# (measured: 127 trains, 128 and 512 do not). The benches use no autograd and run on 512.
+MAX_XLA_DEMO_DEVICES = 127
 
 
 class _Parser(argparse.ArgumentParser):
@@ -376,6 +386,45 @@ def _layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_demo_devices(args: argparse.Namespace) -> None:
+    """Raises ``UsageError`` (before any device starts) when ``demo``'s ``--devices``,
+    ``--hosts`` and ``--batch`` cannot run together: hosts that do not divide the devices
+    (``--hosts 8 --devices 4``), a batch that does not split evenly, more gloo processes than
+    ``MAX_GLOO_PROCESSES`` or more XLA devices than ``MAX_XLA_DEMO_DEVICES``."""
+    from torchshard._tools.demo import check_sizes, default_batch
+
+    if args.backend == "dtensor" and args.devices > MAX_GLOO_PROCESSES:
+        raise UsageError(
+            f"--devices {args.devices}: the dtensor demo starts one gloo process per device and "
+            f"runs at most {MAX_GLOO_PROCESSES} (each a Python with torch); pass --devices "
+            f"{MAX_GLOO_PROCESSES} or fewer, or --backend xla to emulate more devices"
+        )
+    if args.backend == "xla" and args.devices > MAX_XLA_DEMO_DEVICES:
+        raise UsageError(
+            f"--devices {args.devices}: the demo trains with torch's autograd, which handles at "
+            f"most {MAX_XLA_DEMO_DEVICES} devices of a kind (its device index is 8 bits); pass "
+            f"--devices {MAX_XLA_DEMO_DEVICES} or fewer (bench runs on more)"
+        )
+    batch = default_batch(args.devices) if args.batch is None else args.batch
+    why = check_sizes(args.devices, args.hosts, batch, backend=args.backend)
+    if why:
+        raise UsageError(why)
+
+
+def check_bench_devices(args: argparse.Namespace) -> None:
+    """Raises ``UsageError`` when ``bench``'s ``--devices`` asks ``dtensor_loader`` (which
+    starts one gloo process per device, unless ``--quick``) for more than
+    ``MAX_GLOO_PROCESSES``."""
+    if args.quick or "dtensor_loader" not in bench_names(args.name):
+        return
+    if args.devices > MAX_GLOO_PROCESSES:
+        raise UsageError(
+            f"--devices {args.devices}: bench dtensor_loader starts one gloo process per device "
+            f"and runs at most {MAX_GLOO_PROCESSES} (each a Python with torch); pass --devices "
+            f"{MAX_GLOO_PROCESSES} or fewer (or --quick, which runs 2)"
+        )
+
+
 def _demo(args: argparse.Namespace) -> int:
     from torchshard._tools.demo import main
 
@@ -393,7 +442,9 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--devices",
         type=_count("devices"),
         default=argparse.SUPPRESS if suppress else 8,
-        help="CPU-emulated device count when no TPU is present (default 8)",
+        help="CPU-emulated device count when no TPU is present (default 8): the demo's and "
+        "the torch_xla benches' meshes are built from it; on dtensor, the demo's and bench "
+        f"dtensor_loader's gloo processes (at most {MAX_GLOO_PROCESSES})",
     )
 
 
@@ -417,10 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=_count("steps", 2), default=300, help="training steps (default 300)"
     )
     demo.add_argument(
-        "--hosts", type=int, default=1, choices=[1, 2, 4, 8], help="virtual hosts (default 1)"
+        "--hosts",
+        type=_count("hosts"),
+        default=1,
+        help="virtual hosts, each owning an equal share of the devices: a divisor of --devices "
+        "(default 1)",
     )
     demo.add_argument(
-        "--batch", type=_count("batch"), default=256, help="global batch size (default 256)"
+        "--batch",
+        type=_count("batch"),
+        default=None,
+        help="global batch size, a multiple of --devices (default 256, rounded up to one)",
     )
     demo.add_argument(
         "--workers",
@@ -525,10 +583,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             args.backend = resolve_backend(args.backend)
             args.needs_runtime = args.backend == "xla"
+            check_demo_devices(args)
         if args.command == "bench":  # the DTensor benchmarks run gloo processes only
             from torchshard._tools.bench import NEEDS_NO_XLA
 
             args.needs_runtime = any(n not in NEEDS_NO_XLA for n in bench_names(args.name))
+            check_bench_devices(args)
         if getattr(args, "needs_runtime", True):
             from torchshard._backend.xla.env import setup_cpu_emulation
 

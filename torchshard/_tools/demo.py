@@ -1,12 +1,13 @@
 """``python -m torchshard demo``: data-parallel training fed by a DataLoader with workers.
 
-A small MLP classifier learns a synthetic task on the 8-device mesh ``(4, 2)`` (axes
-``data``/``model``; CPU-emulated when no TPU is present). The parameters are replicated; each
-global batch is split over all 8 devices (``FULL``: ``P(("data", "model"))``). The input path
+A small MLP classifier learns a synthetic task on the mesh ``(N / 2, 2)`` of the run's N
+devices (``(4, 2)`` for the default 8, ``(N, 1)`` for odd N; axes ``data``/``model``;
+CPU-emulated, N = ``--devices``, when no TPU is present). The parameters are replicated; each
+global batch is split over all N devices (``FULL``: ``P(("data", "model"))``). The input path
 is the one torchshard is for: a ``DataLoader`` with worker processes reads this host's shard
 (``host_sampler``), and ``GlobalBatchLoader`` turns its host batches into global sharded
-batches on a background thread. ``--hosts N`` runs the same path with N virtual hosts, each
-with its own DataLoader and shard.
+batches on a background thread. ``--hosts H`` runs the same path with H virtual hosts (H
+dividing N), each with its own DataLoader and shard.
 
 ``--backend dtensor`` (the default when torch_xla is not installed) runs the same training
 data-parallel over gloo processes on DTensor instead (``demo_dtensor.py``).
@@ -37,6 +38,7 @@ from torchshard._tools._demo_common import (
     _mean,
     check_worker,
     host_loader,
+    mesh_shape,
     mlp,
 )
 
@@ -71,7 +73,7 @@ def train(
     from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
     torch.manual_seed(seed)
-    mesh = ts.create_device_mesh((4, 2), ("data", "model"))
+    mesh = ts.create_device_mesh(mesh_shape(device_count()), ("data", "model"))
     steps_per_epoch = 64
     dataset = SyntheticClassification(steps_per_epoch * batch_size, seed=seed)
     per_host = batch_size // hosts
@@ -150,6 +152,43 @@ def train(
     )
 
 
+def device_count() -> int:
+    """The run's torch_xla devices: ``--devices`` emulated on a CPU, a TPU's chips."""
+    import torch_xla.runtime as xr
+
+    return int(xr.global_runtime_device_count())
+
+
+def default_batch(devices: int) -> int:
+    """``--batch``'s default: 256, rounded up to a multiple of the device (or process) count so
+    that every device gets as many rows (256 on 1, 2, 4 or 8 devices, 258 on 3)."""
+    return max(1, -(-256 // devices)) * devices
+
+
+def check_sizes(devices: int, hosts: int, batch: int, *, backend: str) -> str | None:
+    """Why ``hosts`` and ``batch`` cannot run on ``devices`` devices (or gloo processes), in
+    one line naming the options; ``None`` when they can."""
+    if backend == "dtensor":
+        if hosts != 1:
+            return (
+                f"--hosts {hosts}: on dtensor every one of the --devices ({devices}) gloo "
+                "processes is a host of its own, so --hosts must be 1 (leave it out)"
+            )
+    elif hosts > devices or devices % hosts:
+        fewer = max(h for h in range(1, min(hosts, devices) + 1) if devices % h == 0)
+        return (
+            f"--hosts {hosts} needs a device count that it divides (each virtual host owns "
+            f"as many devices), but there are {devices} devices; pass --devices "
+            f"{hosts * max(1, devices // hosts)} or --hosts {fewer}"
+        )
+    if batch % devices:
+        return (
+            f"--batch {batch} must be a multiple of the {devices} devices (each gets as many "
+            f"rows); pass --batch {max(1, -(-batch // devices)) * devices}, or leave it out"
+        )
+    return None
+
+
 def resolve_backend(name: str) -> str:
     """``--backend``: ``auto`` is ``xla`` when torch_xla is installed, else ``dtensor``."""
     if name != "auto":
@@ -165,39 +204,30 @@ def main(args: Any) -> int:
         print("demo: --steps must be at least 2", file=sys.stderr)
         return 2
     backend = resolve_backend(getattr(args, "backend", "auto"))
+    # the gloo processes are --devices; torch_xla's devices are the runtime's (a TPU's chips)
+    devices = args.devices if backend == "dtensor" else device_count()
+    batch = default_batch(devices) if args.batch is None else args.batch
+    why = check_sizes(devices, args.hosts, batch, backend=backend)
+    if why:
+        print(f"demo: {why}", file=sys.stderr)
+        return 2
     if backend == "dtensor":
-        processes = args.devices
-        if processes < 1 or args.hosts != 1 or args.batch % processes:
-            print(
-                f"demo: on dtensor every one of the --devices ({processes}) gloo processes is "
-                f"a host: --hosts ({args.hosts}) must be 1 and --batch ({args.batch}) a multiple "
-                "of the process count",
-                file=sys.stderr,
-            )
-            return 2
         from torchshard._tools import demo_dtensor
 
         r = demo_dtensor.train(
-            processes=processes,
+            processes=devices,
             steps=args.steps,
-            batch_size=args.batch,
+            batch_size=batch,
             workers=args.workers,
             lr=args.lr,
             seed=args.seed,
         )
         warmup = "warm-up"
     else:
-        if 8 % args.hosts or args.batch % 8:
-            print(
-                f"demo: --hosts ({args.hosts}) must divide the 8 devices and --batch "
-                f"({args.batch}) must be a multiple of 8",
-                file=sys.stderr,
-            )
-            return 2
         r = train(
             steps=args.steps,
             hosts=args.hosts,
-            batch_size=args.batch,
+            batch_size=batch,
             workers=args.workers,
             lr=args.lr,
             seed=args.seed,

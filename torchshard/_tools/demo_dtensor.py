@@ -32,6 +32,7 @@ from torchshard._tools._demo_common import (
     _input_wait,
     _mean,
     host_loader,
+    mesh_shape,
     mlp,
 )
 
@@ -51,11 +52,6 @@ class Settings:
     seed: int
     agreement_check: bool = True
     quiet: bool = False
-
-
-def mesh_shape(processes: int) -> tuple[int, int]:
-    """``(N / 2, 2)`` for an even process count N, else ``(N, 1)``."""
-    return (processes // 2, 2) if processes % 2 == 0 else (processes, 1)
 
 
 def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:

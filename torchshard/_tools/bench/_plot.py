@@ -57,7 +57,8 @@ def plot_sweep(report: Report, path: str) -> None:
     ax.set_yscale("log")
     ticks = sorted(sizes)
     ax.set_xticks(ticks, [size_label(n) for n in ticks])
-    ax.set_xlabel("batch bytes per host (float32, dim 0 split over 8 devices)")
+    devices = report.meta.get("settings", {}).get("devices", 8)
+    ax.set_xlabel(f"batch bytes per host (float32, dim 0 split over {devices} devices)")
     ax.set_ylabel("GB/s (best round; bars down to the median round)")
     machine = report.meta.get("machine", {})
     where = ", ".join(
@@ -65,11 +66,11 @@ def plot_sweep(report: Report, path: str) -> None:
         for v in (
             f"{machine.get('nproc')} cores" if machine.get("nproc") else None,
             machine.get("cpu_model"),
-            f"{report.meta.get('settings', {}).get('devices', 8)} CPU-emulated devices",
+            f"{devices} CPU-emulated devices",
         )
         if v
     )
-    ax.set_title(f"host -> global throughput, mesh (8,)\n{where}", fontsize=10)
+    ax.set_title(f"host -> global throughput, mesh ({devices},)\n{where}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

@@ -2,8 +2,10 @@
 
 Cases: a global physical batch ``[P, 1024]`` float32 with ``P`` = 256 and 1024 rows, split over
 the (8,) mesh, of which ``L = P / 2`` rows are logical (8 feeds, each padded to twice its
-logical rows, as ``InputDispatcher`` makes them). Methods, each one compiled step (timed from
-tracing through ``torch_xla.sync()`` to ``wait_device_ops()``, steady state):
+logical rows, as ``InputDispatcher`` makes them). With ``--devices N`` the mesh is ``(N,)`` and
+``P`` is rounded up to a multiple of ``2N`` and of ``2 * FEEDS`` (``physical_sizes``), so that
+both ``P`` and ``L`` split evenly over the devices and the feeds. Methods, each one compiled
+step (timed from tracing through ``torch_xla.sync()`` to ``wait_device_ops()``, steady state):
 
 - ``einsum``: axlearn's ``einsum("p...,pl->l...", x, onehot)`` with the one-hot ``[P, L]`` key.
 - ``index_select``: ``InputDispatcher.physical_to_logical_batch`` with its row-target key
@@ -17,12 +19,14 @@ each method moves to the devices per step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report, compare
 
 NAME = "dispatch"
@@ -114,13 +118,23 @@ def methods(mesh: Any, physical: int) -> tuple[dict[str, Callable[[], Any]], dic
     return steps, nbytes
 
 
+def physical_sizes(devices: int) -> dict[int, bool]:
+    """The cases' physical rows ``P`` on ``devices`` devices, each with whether its ratio is
+    judged (the larger one's): 256 and 1024, rounded up to a multiple of ``2 * devices`` and of
+    ``2 * FEEDS`` (``L = P / 2`` rows split evenly over the devices and the feeds); on many
+    devices both round to the same ``P``, measured once."""
+    multiple = math.lcm(2 * devices, 2 * FEEDS)
+    out: dict[int, bool] = {}
+    for p in (256, 1024):
+        out[_devices.round_up(p, multiple)] = p == 1024
+    return out
+
+
 def run(report: Report) -> None:
     """Measures ms per step and the dispatch bytes of each method, and the time ratios."""
-    import torchshard as ts
-
-    mesh = ts.Mesh(np.arange(8), ("data",))
-    for physical in (256, 1024):
-        case = f"P={physical} L={physical // 2} W={WIDTH} f32 (8,)"
+    mesh = _devices.data_mesh()
+    for physical, judged in physical_sizes(mesh.size).items():
+        case = f"P={physical} L={physical // 2} W={WIDTH} f32 {_devices.label(mesh)}"
         report.progress(f"dispatch {case}")
         steps, nbytes = methods(mesh, physical)
         secs = compare(steps, rounds=9)
@@ -128,7 +142,7 @@ def run(report: Report) -> None:
             report.figure(NAME, case, method, s * 1e3, "ms/step")
         for method, b in nbytes.items():
             report.figure(NAME, case, method, b, "dispatch bytes")
-        target = 2.0 if physical == 1024 else None
+        target = 2.0 if judged else None
         report.ratio(
             NAME, case, "index_select", "einsum", secs["einsum"] / secs["index_select"], target
         )

@@ -21,6 +21,9 @@ fills: the peak resident set size above the epoch's start (sampled every 2 ms fr
 ``/proc/self/statm``), each in a fresh process, without a byte bound and with
 ``prefetch_bytes`` = two batches. On the
 CPU emulation a global batch also lives in host memory (the devices' buffers).
+
+With ``--devices N`` the mesh is ``(N,)`` and every row count a multiple of N (``sizes``), the
+short batch still shorter than the full ones; the memory runs emulate the same N devices.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report
 
 NAME = "ends"
@@ -171,18 +174,28 @@ def memory_epoch(budget: int | None, *, n: int, rows: int, cols: int, step_ms: f
 MEMORY_MAIN = """
 import json, sys
 from torchshard._backend.xla.env import setup_cpu_emulation
-setup_cpu_emulation(8)
+devices = int(sys.argv[2])
+setup_cpu_emulation(devices)
 import numpy as np
 import torchshard as ts
 from torchshard._tools.bench.ends import memory_epoch
 args = json.loads(sys.argv[1])
-with ts.Mesh(np.arange(8), ("data",)):
-    memory_epoch(None, n=2, rows=8, cols=8, step_ms=0)  # the runtime and the thread start
+with ts.Mesh(np.arange(devices), ("data",)):
+    memory_epoch(None, n=2, rows=devices, cols=8, step_ms=0)  # the runtime and the thread start
     print(json.dumps(memory_epoch(**args)))
 """
 
 
-def memory_in_a_fresh_process(budget: int | None, **sizes: Any) -> int:
+def sizes(quick: bool, devices: int) -> tuple[int, int, int, int]:
+    """Case 1's ``(rows, cols, batches, short)``: ``ROWS``, ``COLS``, ``BATCHES``, ``SHORT``
+    (``--quick``: 64, 32, 3, 24) with the row counts rounded up to a multiple of ``devices``,
+    the full batches kept longer than the short one."""
+    rows, cols, batches, short = (64, 32, 3, 24) if quick else (ROWS, COLS, BATCHES, SHORT)
+    short = _devices.round_up(short, devices)
+    return max(_devices.round_up(rows, devices), short + devices), cols, batches, short
+
+
+def memory_in_a_fresh_process(budget: int | None, *, devices: int = 8, **sizes: Any) -> int:
     """``memory_epoch`` in a new Python process: the allocator's memory kept from an earlier
     run (glibc keeps freed heap pages, and raises its mmap threshold after the first large
     free) would hide the next run's batches."""
@@ -191,7 +204,7 @@ def memory_in_a_fresh_process(budget: int | None, **sizes: Any) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH")) if p)
     args = json.dumps({"budget": budget, **sizes})
     out = subprocess.run(
-        [sys.executable, "-c", MEMORY_MAIN, args],
+        [sys.executable, "-c", MEMORY_MAIN, args, str(devices)],
         env=env,
         capture_output=True,
         text=True,
@@ -218,13 +231,13 @@ def run(report: Report) -> None:
     import torchshard as ts
 
     quick = report.quick
-    rows, cols, batches, short = (64, 32, 3, 24) if quick else (ROWS, COLS, BATCHES, SHORT)
+    mesh = _devices.data_mesh()  # (8,); (N,) with --devices N
+    rows, cols, batches, short = sizes(quick, mesh.size)
     rounds = 3 if quick else ROUNDS
-    mesh = ts.Mesh(np.arange(8), ("data",))
     spec = ts.P("data")
     source = rows_source(batches, rows, cols, short)
     device = torch_xla.device()
-    case = f"{batches} x [{rows},{cols}] f32 + [{short},{cols}] (8,)"
+    case = f"{batches} x [{rows},{cols}] f32 + [{short},{cols}] {_devices.label(mesh)}"
     with mesh:
         methods = feeds(source, spec)
         for k, (name, feed) in enumerate(methods.items()):
@@ -257,6 +270,7 @@ def run(report: Report) -> None:
         report.ratio(NAME, case, "pad", "as is", rate["pad"] / rate["as is"])
 
         n, big_rows, big_cols = (4, 64, 64) if quick else (BIG_BATCHES, BIG_ROWS, BIG_COLS)
+        big_rows = _devices.round_up(big_rows, mesh.size)
         nbytes = big_rows * big_cols * 4
         mem_case = f"{n} x [{big_rows},{big_cols}] f32 ({nbytes / 2**20:g} MiB), prefetch=8"
         for label, budget in (
@@ -265,6 +279,11 @@ def run(report: Report) -> None:
         ):
             report.progress(f"ends: peak RSS, {label}")
             peak = memory_in_a_fresh_process(
-                budget, n=n, rows=big_rows, cols=big_cols, step_ms=1.0 if quick else STEP_MS
+                budget,
+                devices=mesh.size,
+                n=n,
+                rows=big_rows,
+                cols=big_cols,
+                step_ms=1.0 if quick else STEP_MS,
             )
             report.figure(NAME, mem_case, f"{label}: peak RSS above start", peak / 2**20, "MiB")

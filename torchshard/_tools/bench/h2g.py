@@ -1,7 +1,9 @@
 """Host -> global throughput: torchshard against torch_xla's own paths, in one run.
 
 Cases: one [1024, 2048] float32 batch, and a dict of 8 of them, on the (8,) and (4, 2)
-meshes, dim 0 split over every axis (the FULL input spec). Methods:
+meshes, dim 0 split over every axis (the FULL input spec); with ``--devices N`` the meshes are
+``(N,)`` and ``(N / 2, 2)`` (``(N, 1)`` for odd N) and the rows a multiple of N
+(``_devices``). Methods:
 
 - ``torchshard``: ``host_to_global_array``.
 - ``direct``: torch_xla's ``_XLAC._global_tensor_from_cpu_shards`` called by hand with
@@ -19,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from torchshard._backend.xla import runtime as xla_runtime
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report, measure, paired_ratio
 
 NAME = "h2g"
@@ -32,13 +34,9 @@ QUICK_ROWS, QUICK_COLS = 64, 32  # --quick: tiny sizes for tests of the command 
 
 
 def meshes() -> list[tuple[str, Any]]:
-    """The benchmark meshes: (8,) over "data" and (4, 2) over ("data", "model")."""
-    import torchshard as ts
-
-    return [
-        ("(8,)", ts.Mesh(np.arange(8), ("data",))),
-        ("(4,2)", ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))),
-    ]
+    """The benchmark meshes, over every device of the run: (N,) over "data" and (N / 2, 2)
+    over ("data", "model"); (8,) and (4, 2) on 8 devices."""
+    return [(_devices.label(m), m) for m in (_devices.data_mesh(), _devices.grid_mesh())]
 
 
 def methods(mesh: Any, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]:
@@ -83,8 +81,10 @@ def methods(mesh: Any, batch: dict[str, torch.Tensor]) -> dict[str, Callable[[],
 
 
 def sizes(report: Report) -> tuple[int, int]:
-    """The batch shape: [ROWS, COLS], or a tiny one under ``--quick``."""
-    return (QUICK_ROWS, QUICK_COLS) if report.quick else (ROWS, COLS)
+    """The batch shape: [ROWS, COLS], or a tiny one under ``--quick``; the rows rounded up to
+    a multiple of the device count, so dim 0 splits evenly."""
+    rows, cols = (QUICK_ROWS, QUICK_COLS) if report.quick else (ROWS, COLS)
+    return _devices.round_up(rows, _devices.device_count()), cols
 
 
 def run(report: Report) -> None:

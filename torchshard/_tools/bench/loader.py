@@ -1,6 +1,7 @@
 """Input pipelines feeding the same training loop: GlobalBatchLoader, MpDeviceLoader, no prefetch.
 
-Mesh ``(8,)`` (axis ``data``); each host batch is ``{"x": [1024, 1024] f32, "y": [1024] i64}``
+Mesh ``(8,)`` (axis ``data``; ``(N,)`` with ``--devices N``, the rows rounded up to a multiple
+of N); each host batch is ``{"x": [1024, 1024] f32, "y": [1024] i64}``
 (4.2 MB), split on dim 0 over the 8 devices. The step consumes the batch on the devices (a
 matmul with a replicated weight, ``torch_xla.sync()``, read the result) and then sleeps
 ``DEVICE_MS`` to stand for the rest of the device's work: on the CPU emulation the "devices"
@@ -38,7 +39,6 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
-import numpy as np
 import torch
 
 from torchshard._backend.registry import lookup
@@ -47,6 +47,7 @@ from torchshard._core.context import current_mesh, require_mesh, thread_mesh
 from torchshard._mesh.context import current_topology
 from torchshard._place.call import read
 from torchshard._place.place import to_global
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report, compare
 
 NAME = "loader"
@@ -91,11 +92,11 @@ class HoldingLoader:
         xla.GIL_FREE_MIN_BYTES = self._threshold
 
 
-def host_batches(n: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """``n`` distinct host batches (made once, outside the timing)."""
+def host_batches(n: int, seed: int = 0, rows: int = ROWS) -> list[dict[str, torch.Tensor]]:
+    """``n`` distinct host batches of ``rows`` rows (made once, outside the timing)."""
     g = torch.Generator().manual_seed(seed)
     return [
-        {"x": torch.randn(ROWS, COLS, generator=g), "y": torch.arange(ROWS) + i} for i in range(n)
+        {"x": torch.randn(rows, COLS, generator=g), "y": torch.arange(rows) + i} for i in range(n)
     ]
 
 
@@ -193,9 +194,10 @@ def run(report: Report) -> None:
 
     import torchshard as ts
 
-    mesh = ts.Mesh(np.arange(8), ("data",))
+    mesh = _devices.data_mesh()  # (8,); (N,) with --devices N
     spec = ts.P("data")
-    pool = host_batches(8)
+    rows = _devices.round_up(ROWS, mesh.size)  # dim 0 splits evenly
+    pool = host_batches(8, rows=rows)
     device = torch_xla.device()
     weight = torch.randn(COLS, 64).to(device)
 
@@ -226,7 +228,7 @@ def run(report: Report) -> None:
         "pre-transferred": lambda: iter([pre[i % len(pre)] for i in range(STEPS + 8)]),
     }
 
-    case = f"[{ROWS},{COLS}] f32 (8,), step {DEVICE_MS:g} ms device + sync"
+    case = f"[{rows},{COLS}] f32 {_devices.label(mesh)}, step {DEVICE_MS:g} ms device + sync"
     with mesh:
         pre += [ts.host_to_global_array(b, partition=spec) for b in pool]
         transfer_figures(report, case, mesh, lambda bg: partial(transfer, pool[0], spec, bg))

@@ -3,7 +3,8 @@
 With small batches the transfer itself is short, so what torchshard adds per call (finding the
 mesh, backend and topology, flattening the tree, looking the call's plans up, cutting the views)
 shows. Cases: 4 KiB, 64 KiB and 256 KiB per host, in 1 leaf or in 8 leaves of an eighth each
-(a dict), float32, mesh ``(8,)`` over ``data``, dim 0 split over the 8 devices; the plans are
+(a dict), float32, mesh ``(8,)`` over ``data`` (``(N,)`` with ``--devices N``; at least a row
+per device), dim 0 split over the devices; the plans are
 cached (the warm-up calls plan them), as in a training loop. Methods are ``h2g``'s
 ``torchshard`` and ``direct`` (torch_xla's raw ``_global_tensor_from_cpu_shards`` binding called
 by hand on per-device views), each to completion (``wait_device_ops``), in interleaved rounds;
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report, measure, paired_ratio
 from torchshard._tools.bench.h2g import methods
 from torchshard._tools.bench.sweep import KIB, batch_shape, size_label
@@ -33,18 +35,14 @@ SPLIT = "direct, tensor_split views"
 
 def run(report: Report) -> None:
     """Measures microseconds per call of both methods; records the ratios against the target."""
-    import numpy as np
-
-    import torchshard as ts
-
-    mesh = ts.Mesh(np.arange(8), ("data",))
+    mesh = _devices.data_mesh()
     for nbytes in QUICK_SIZES if report.quick else SIZES:
         for leaves in (1, 8):
             case = f"{size_label(nbytes)}/host, " + (
                 "1 leaf" if leaves == 1 else f"{leaves} leaves"
             )
             report.progress(f"overhead {case}")
-            per_leaf = batch_shape(nbytes // leaves)
+            per_leaf = batch_shape(nbytes // leaves, mesh.size)
             batch = {f"x{i}": torch.randn(per_leaf) for i in range(leaves)}
             with mesh:  # entered once, as around a training loop
                 both = methods(mesh, batch)

@@ -2,7 +2,8 @@
 
 8 epochs of 250 batches (a new loader and ``iter()`` per epoch; one epoch abandoned half-way
 and left to the garbage collector), each batch ``{"x": [256, 512] f32, "y": [256] i64}``
-(0.5 MB) on the ``(4, 2)`` mesh, consumed by a small step (a reduction, ``sync``). Measures the
+(0.5 MB) on the ``(4, 2)`` mesh (with ``--devices N``: ``(N / 2, 2)``, or ``(N, 1)`` for odd N,
+the rows a multiple of N), consumed by a small step (a reduction, ``sync``). Measures the
 process's RSS (psutil) after a warm-up epoch and at the end, the loader threads left at the end,
 and the threads left once a finished epoch's parked thread has had time to expire
 (``_threads.PARK_SECONDS``; each epoch that ends by itself hands its thread to the next).
@@ -16,9 +17,9 @@ import threading
 import time
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report
 
 NAME = "soak"
@@ -50,9 +51,10 @@ def run(report: Report) -> None:
 
     import torchshard as ts
 
-    mesh = ts.Mesh(np.arange(8).reshape(4, 2), ("data", "model"))
+    mesh = _devices.grid_mesh()  # (4, 2); (N / 2, 2) or (N, 1) with --devices N
+    rows = _devices.round_up(256, mesh.size)  # dim 0 splits evenly
     g = torch.Generator().manual_seed(0)
-    pool = [{"x": torch.randn(256, 512, generator=g), "y": torch.arange(256)} for _ in range(4)]
+    pool = [{"x": torch.randn(rows, 512, generator=g), "y": torch.arange(rows)} for _ in range(4)]
 
     def source(n: int) -> Iterator[dict[str, torch.Tensor]]:
         for i in range(n):
@@ -90,7 +92,7 @@ def run(report: Report) -> None:
     time.sleep(_threads.PARK_SECONDS + 0.5)  # the last epoch's parked thread expires
     parked = [t for t in threading.enumerate() if t.name == _threads.PARKED_NAME]
     growth = end_rss - warm_rss
-    case = f"{done} batches, {epoch} epochs, [256,512] f32 (4,2)"
+    case = f"{done} batches, {epoch} epochs, [{rows},512] f32 {_devices.label(mesh)}"
     report.figure(NAME, case, "RSS after warm-up", warm_rss, "MB")
     report.figure(NAME, case, "RSS growth after warm-up", growth, "MB")
     report.figure(NAME, case, "loader threads left", len(left), "threads")

@@ -1,6 +1,8 @@
 """Host -> global throughput against batch size, 1 KiB to 64 MiB per host, in one run.
 
-Mesh (8,), dim 0 split over ``data``; a float32 batch of ``size`` bytes. Methods: the three of
+Mesh (8,) (``(N,)`` with ``--devices N``), dim 0 split over ``data``; a float32 batch of
+``size`` bytes (at least a row per device: more, when N rows of the size would be empty).
+Methods: the three of
 ``h2g`` (``torchshard``, ``direct`` = ``_global_tensor_from_cpu_shards`` by hand,
 ``to+mark_sharding``) and ``memcpy``: one plain copy of the same bytes into a preallocated host
 buffer, the local ceiling (the transfer to the devices has at least that much to move).
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report, measure, paired_ratio
 from torchshard._tools.bench.h2g import methods
 
@@ -44,22 +47,23 @@ def label_bytes(label: str) -> int:
     return int(n) * {"KiB": KIB, "MiB": KIB * KIB}[unit]
 
 
-def batch_shape(nbytes: int) -> tuple[int, int]:
-    """A float32 ``[rows, cols]`` of ``nbytes``, rows a multiple of 8 (one block per device)."""
-    rows = 8 * max(1, nbytes // (8 * KIB))
-    return rows, nbytes // 4 // rows
+def batch_shape(nbytes: int, devices: int = 8) -> tuple[int, int]:
+    """A float32 ``[rows, cols]`` of ``nbytes``, rows a multiple of ``devices`` (one block
+    per device) and at least one column: more than ``nbytes`` only when ``devices`` rows of
+    one float each already are."""
+    rows = devices * max(1, nbytes // (devices * KIB))
+    return rows, max(1, nbytes // 4 // rows)
 
 
 def run(report: Report) -> None:
     """Measures every method at every size; records GB/s and the ratios to torchshard."""
-    import torchshard as ts
 
-    mesh = ts.Mesh(np.arange(8), ("data",))
+    mesh = _devices.data_mesh()
     sizes = QUICK_SIZES if report.quick else SIZES
     for nbytes in sizes:
         case = size_label(nbytes)
         report.progress(f"sweep {case} per host")
-        x = torch.randn(batch_shape(nbytes))
+        x = torch.randn(batch_shape(nbytes, mesh.size))
         src, dst = x.numpy(), np.empty_like(x.numpy())
 
         def memcpy(src: Any = src, dst: Any = dst) -> Any:
@@ -69,7 +73,7 @@ def run(report: Report) -> None:
             timings = measure(
                 methods(mesh, {"x": x}) | {"memcpy": memcpy}, rounds=9, min_seconds=0.02
             )
-        report.throughput(NAME, case, timings, nbytes)
+        report.throughput(NAME, case, timings, x.numel() * x.element_size())
         for other in ("direct", "to+mark_sharding", "memcpy"):
             report.ratio(
                 NAME, case, "torchshard", other, paired_ratio(timings, "torchshard", other)
