@@ -459,7 +459,7 @@ def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str,
     from torchshard.integrations.torchtitan import dataloader
 
     world = dist.get_world_size()
-    try:  # torchtitan 0.3.0's ParallelDims needs spmd_types (not on PyPI): else its fields
+    try:  # torchtitan 0.3.0's ParallelDims needs spmd_types (==0.2.3): else its fields
         from torchtitan.distributed.parallel_dims import ParallelDims
 
         dims: Any = ParallelDims(
@@ -517,4 +517,5 @@ def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str,
             torch.equal(a[0]["input"], o[0]["input"]) for a, o in zip(rest, own[2:], strict=True)
         ),
         "mesh": dict(loader.loader._mesh.shape) if loader.loader._mesh is not None else None,
+        "parallel_dims": type(dims).__name__,
     }

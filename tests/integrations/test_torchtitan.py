@@ -4,6 +4,7 @@ the data-loading mesh of ``ParallelDims``, yields local tensors equal to the sto
 feed, keys its state by dp rank (as torchtitan's own loader) and resumes exactly. Skips
 without torchtitan."""
 
+import importlib.util
 import re
 
 import _stacks_cases  # noqa: F401 -- the workers import it; here it must import too
@@ -25,6 +26,10 @@ def test_the_loader_is_torchtitans_and_feeds_the_stock_rows(pools, world, tp):
         assert r["dp"] == r["expected_dp"] == (dp_rank, world // tp)
         assert r["state_keys"] == [f"dp_rank_{dp_rank}", "world_size"]
         assert r["mesh"] == {"pp": 1, "batch": world // tp, "cp": 1, "tp": tp}
+        # torchtitan's own ParallelDims where it imports (it needs spmd_types==0.2.3; CI job 2
+        # installs it), else a stand-in with its fields.
+        real = importlib.util.find_spec("spmd_types") is not None
+        assert r["parallel_dims"] == ("ParallelDims" if real else "SimpleNamespace"), r
 
 
 class Dims:
