@@ -90,6 +90,7 @@ with mesh:
 """
 
 
+@pytest.mark.xla
 def test_under_a_real_address_space_limit_the_process_survives(tmp_path):
     if not sys.platform.startswith("linux"):
         pytest.skip("RLIMIT_AS and /proc are Linux's")
