@@ -63,12 +63,12 @@ def device_id(name: str) -> int:
 
 
 @functools.cache
-@functools.lru_cache(maxsize=1)
 def cpu_devices() -> bool:
     """Whether this process's devices are torch_xla's CPU devices (buffers in host memory)."""
     return all(n.startswith("CPU:") for n in xla()._XLAC._xla_get_runtime_devices())
 
 
+@functools.cache
 def local_devices() -> tuple[int, ...]:
     # torch_xla 2.9: `_xla_get_runtime_devices()` lists this process's devices ("CPU:3",
     # "TPU:5"), in the order `_global_tensor_from_cpu_shards` takes their shards; the number is
