@@ -1,20 +1,24 @@
 """The stack examples (``examples/stacks/<name>.py``) run under torchrun on gloo, as a user runs
 them, and print their summary: FSDP2 and DDP, TP and SP on (dp=2, tp=2), each fed by a
-``GlobalBatchLoader`` and by a ``DistributedSampler`` with ``torch.equal`` losses, and context
-parallel sharding equal to torch's ``context_parallel``. (Lightning's example runs in
+``GlobalBatchLoader`` and by a ``DistributedSampler`` with ``torch.equal`` losses, context
+parallel sharding equal to torch's ``context_parallel``, and, where the stack is installed
+(else they skip, naming it), accelerate (the examples of every step equal to accelerate's own
+feed, the losses within float rounding). (Lightning's example runs in
 ``tests/integrations/test_lightning.py``, where Lightning is installed.)
 
 docs/stacks.md shows each script's essential part: the text between the script's lines
 ``# --- docs/stacks.md: NAME`` and ``# --- end``, dedented, is the block after the marker
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
-``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``, and
-Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
+``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
+``<!-- example:stacks-accelerate-ddp -->`` and Lightning's
+``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import os
 import pathlib
 import re
@@ -36,6 +40,7 @@ class Example:
     processes: int
     needs: tuple[tuple[str, str], ...]  # (module, attribute) the script imports from torch
     summary: str  # the line rank 0 prints
+    stack: str | None = None  # the stack the script imports, not a dependency of torchshard
 
     @property
     def name(self) -> str:
@@ -66,6 +71,14 @@ EXAMPLES = [
         (("torch.distributed.tensor.experimental", "context_parallel"),),
         "context_parallel: 2 processes on (dp=1, cp=2), 16 tokens: every rank's tokens, labels "
         "and positions equal torch's context_parallel shard",
+    ),
+    Example(
+        "accelerate_ddp.py",
+        2,
+        (),
+        "accelerate_ddp: 2 processes, DDP, 8 steps over 2 epochs: the examples of every step "
+        "equal accelerate's feed, losses within float rounding",
+        stack="accelerate",
     ),
 ]
 IDS = [e.name for e in EXAMPLES]
@@ -126,6 +139,8 @@ def test_the_example_runs_under_torchrun(tmp_path, example):
     for module, attribute in example.needs:
         if not hasattr(importlib.import_module(module), attribute):
             pytest.skip(f"torch {torch.__version__} has no {module}.{attribute}")
+    if example.stack is not None and importlib.util.find_spec(example.stack) is None:
+        pytest.skip(f"needs {example.stack}: pip install 'torchshard[stacks]'")
     env = {
         k: v
         for k, v in os.environ.items()
