@@ -2,16 +2,18 @@
 them, and print their summary: FSDP2 and DDP, TP and SP on (dp=2, tp=2), each fed by a
 ``GlobalBatchLoader`` and by a ``DistributedSampler`` with ``torch.equal`` losses, context
 parallel sharding equal to torch's ``context_parallel``, and, where the stack is installed
-(else they skip, naming it), accelerate (the examples of every step equal to accelerate's own
-feed, the losses within float rounding). (Lightning's example runs in
-``tests/integrations/test_lightning.py``, where Lightning is installed.)
+(else they skip, naming it), torchtitan (``torch.equal`` losses against its stock
+``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint) and accelerate
+(the examples of every step equal to accelerate's own feed, the losses within float
+rounding). (Lightning's example runs in ``tests/integrations/test_lightning.py``, where
+Lightning is installed.)
 
 docs/stacks.md shows each script's essential part: the text between the script's lines
 ``# --- docs/stacks.md: NAME`` and ``# --- end``, dedented, is the block after the marker
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
-``<!-- example:stacks-accelerate-ddp -->`` and Lightning's
-``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
+``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->`` and
+Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ EXAMPLES = [
         (("torch.distributed.tensor.experimental", "context_parallel"),),
         "context_parallel: 2 processes on (dp=1, cp=2), 16 tokens: every rank's tokens, labels "
         "and positions equal torch's context_parallel shard",
+    ),
+    Example(
+        "torchtitan_dp.py",
+        2,
+        (("torch.distributed.fsdp", "fully_shard"),),
+        "torchtitan_dp: 2 processes, FSDP2, 4 steps: losses equal to torchtitan's "
+        "ParallelAwareDataloader; resumed from dcp with the same batches",
+        stack="torchtitan",
     ),
     Example(
         "accelerate_ddp.py",
