@@ -6,8 +6,9 @@ and none is a dependency of torchshard (``pip install 'torchshard[stacks]'`` bri
   ``GlobalBatchLoader`` on the data-loading mesh of ``ParallelDims``, yields local tensors and
   keys its state by dp rank;
 - ``torchshard.integrations.lightning``: ``passthrough(strategy)``, so that a strategy (the
-  XLA one included) passes ``GlobalBatchLoader`` through untouched; Lightning's own
-  ``set_epoch`` then reaches the loader's sampler;
+  multi-process XLA one included) passes ``GlobalBatchLoader`` through untouched; Lightning's
+  own ``set_epoch`` then reaches the loader's sampler (the SPMD path,
+  ``SingleDeviceXLAStrategy``, passes it through as it is);
 - ``torchshard.integrations.accelerate``: ``prepare(accelerator, *objects)``, accelerate's
   ``prepare`` that refuses a ``DataLoader`` already sharded per process (accelerate would
   shard it again) and passes ``GlobalBatchLoader`` through.

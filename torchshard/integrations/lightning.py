@@ -3,10 +3,14 @@
 A ``GlobalBatchLoader`` needs nothing else under Lightning's CPU/GPU DDP strategies: they pass
 an iterable that is no ``DataLoader`` through (no ``DistributedSampler`` is injected), and
 Lightning's per-epoch ``set_epoch`` reaches the loader's source sampler through
-``loader.sampler`` (so each epoch has its order). Lightning's XLA strategy, though, wraps every
-loader in torch_xla's ``MpDeviceLoader``, which would move batches that are already global XLA
-tensors; ``passthrough(strategy)`` makes any strategy hand a ``GlobalBatchLoader`` to the loop
-as it is (other loaders still go through the strategy's own ``process_dataloader``).
+``loader.sampler`` (so each epoch has its order). Nor does torch_xla's SPMD path, Lightning's
+``SingleDeviceXLAStrategy`` (``devices=1``: one process per host, the process's one virtual
+device), whose ``process_dataloader`` is the identity. Lightning's multi-process
+``XLAStrategy`` (one process per device, not SPMD), though, wraps every loader in torch_xla's
+``MpDeviceLoader``, which would move batches that are already global XLA tensors and hides
+``loader.sampler`` from Lightning's ``set_epoch``; ``passthrough(strategy)`` makes any strategy
+hand a ``GlobalBatchLoader`` to the loop as it is (other loaders still go through the
+strategy's own ``process_dataloader``).
 
 Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use.
 """
@@ -34,9 +38,9 @@ def _strategy_types() -> tuple[type, ...]:
 
 
 def passthrough(strategy: S, /) -> S:
-    """``strategy`` (a Lightning ``Strategy`` instance, e.g. ``XLAStrategy()`` or
-    ``DDPStrategy()``), changed so that its ``process_dataloader`` returns a
-    ``GlobalBatchLoader`` unchanged; returned for ``Trainer(strategy=passthrough(...))``.
+    """``strategy`` (a Lightning ``Strategy`` instance, e.g. ``SingleDeviceXLAStrategy(0)``,
+    ``XLAStrategy()`` or ``DDPStrategy()``), changed so that its ``process_dataloader`` returns
+    a ``GlobalBatchLoader`` unchanged; returned for ``Trainer(strategy=passthrough(...))``.
 
     Raises:
         MissingDependencyError: Lightning is not installed.
@@ -45,8 +49,9 @@ def passthrough(strategy: S, /) -> S:
 
     Example::
 
-        from lightning.pytorch.strategies import XLAStrategy
-        trainer = L.Trainer(strategy=passthrough(XLAStrategy()), max_epochs=2)
+        from lightning.pytorch.strategies import SingleDeviceXLAStrategy
+        trainer = L.Trainer(accelerator="tpu", devices=1, max_epochs=2,  # SPMD: one process
+                            strategy=passthrough(SingleDeviceXLAStrategy(0)))
         trainer.fit(model, train_dataloaders=GlobalBatchLoader(source, partition=P("data")))
     """
     types = _strategy_types()
