@@ -136,7 +136,7 @@ def test_lightnings_single_xla_strategy_takes_the_global_batches_under_spmd(tmp_
         def __init__(self):
             super().__init__()
             self.net = torch.nn.Linear(4, 1)
-            self.seen = []  # (epoch, sharding, rows)
+            self.seen = []  # (epoch, type, device, sharding, the rows' first column)
 
         def training_step(self, batch, i):
             import torch_xla

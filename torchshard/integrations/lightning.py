@@ -3,7 +3,7 @@
 A ``GlobalBatchLoader`` needs nothing else under Lightning's CPU/GPU DDP strategies: they pass
 an iterable that is no ``DataLoader`` through (no ``DistributedSampler`` is injected), and
 Lightning's per-epoch ``set_epoch`` reaches the loader's source sampler through
-``loader.sampler`` (so each epoch has its order). Nor does torch_xla's SPMD path, Lightning's
+``loader.sampler`` (so each epoch has its order). Nor under torch_xla's SPMD path, Lightning's
 ``SingleDeviceXLAStrategy`` (``devices=1``: one process per host, the process's one virtual
 device), whose ``process_dataloader`` is the identity. Lightning's multi-process
 ``XLAStrategy`` (one process per device, not SPMD), though, wraps every loader in torch_xla's
