@@ -47,10 +47,21 @@ class FakeChecks:
 
     def __init__(self, answers=None):
         self.calls, self.closed, self.answers = [], [], answers or {}
+        self.outcomes = []  # begin_exchange's items (pipelined)
 
     def exchange(self, mesh, items, *, what, stream=None, force=False):
         self.calls.append((stream, what, list(items)))
         return self.answers.get(what)
+
+    def begin_exchange(self, mesh, items, *, what, stream=None):
+        self.calls.append(("begin", what))
+        self.outcomes.append(list(items))
+
+        def end():
+            self.calls.append(("end", what))
+            return self.answers.get(what)
+
+        return end
 
     def close_stream(self, mesh, stream, *, finished, taken):
         self.closed.append((stream, finished, taken))
@@ -180,6 +191,68 @@ def test_a_failed_batch_exchanges_its_failure_and_keeps_its_own_error(mesh8):
     with pytest.raises(ts.errors.IndivisibleError) as info:
         quiet(0)
     assert not getattr(info.value, "__notes__", [])
+
+
+def _pipelined(sources, *, mesh, checks, first=0):
+    producer = _producer(sources, mesh=mesh, agree=checks, first=first)
+    producer.background = producer.pipeline = True  # as the loader's thread runs it
+    return producer
+
+
+def test_pipelined_each_exchange_ends_after_the_next_batch_is_made(mesh8):
+    """On the loader's thread a batch's exchange ends only after the next batch is made and
+    its exchange begun, so another process's making of batch n overlaps this one's making of
+    n + 1; the batches, their order and the end are those of the sequential producer."""
+    checks = FakeChecks()
+    batches = [{"x": np.full((8, 3), k, np.float32)} for k in range(3)]
+    producer = _pipelined([batches], mesh=mesh8, checks=checks, first=4)
+    b = lambda k: f"GlobalBatchLoader: batch {k}"  # noqa: E731
+    made = producer(0)
+    assert made.compared and torch.equal(xla_shards(made.batch["x"])[0][1], torch.full((1, 3), 0.0))
+    assert checks.calls == [("begin", b(4)), ("begin", b(5)), ("end", b(4))]
+    assert checks.outcomes[0][1:] == ["(8, 3) float32"]
+    assert torch.equal(xla_shards(producer(1).batch["x"])[0][1], torch.full((1, 3), 1.0))
+    assert torch.equal(xla_shards(producer(2).batch["x"])[0][1], torch.full((1, 3), 2.0))
+    assert not producer.stream.finished
+    with pytest.raises(StopIteration) as end:
+        producer(3)
+    assert end.value.value == Ended(None) and producer.stream.finished
+    assert checks.calls[3:] == [
+        ("begin", b(6)), ("end", b(5)),
+        ("begin", b(7)), ("end", b(6)),
+        ("end", b(7)),
+    ]  # fmt: skip
+    assert checks.outcomes[-1] == ["the end of the source"]
+
+
+def test_pipelined_a_disagreement_raises_at_its_own_batch(mesh8):
+    batch = {"x": np.zeros((8, 3), np.float32)}
+    describe = f"structure {ts._core.tree.flatten(batch)[1]}, partition P('data',)"
+    every = [[describe, "(8, 3) float32"], ["the end of the source"]]
+    checks = FakeChecks({"GlobalBatchLoader: batch 1": every})
+    producer = _pipelined([[batch] * 3], mesh=mesh8, checks=checks)
+    producer(0)  # batch 1's outcome is exchanged meanwhile: it differs, but not batch 0's
+    with pytest.raises(ts.errors.ProcessDisagreementError, match=r"^GlobalBatchLoader: batch 1: "):
+        producer(1)
+
+
+def test_pipelined_a_failure_of_the_next_batch_waits_for_its_own_turn(mesh8):
+    """The source fails at batch 1: batch 0 is handed over first, and batch 1's error,
+    exchanged as a failure, is raised at batch 1 with the others' outcomes noted."""
+
+    class Failing:
+        def __iter__(self):
+            yield {"x": np.zeros(8)}
+            raise OSError("bad record")
+
+    every = [["a failure: OSError: bad record"], ["structure ...", "(8,) float64"]]
+    checks = FakeChecks({"GlobalBatchLoader: batch 1": every})
+    producer = _pipelined([Failing()], mesh=mesh8, checks=checks)
+    assert producer(0).compared
+    assert checks.outcomes[1] == ["a failure: OSError: bad record"]
+    with pytest.raises(OSError, match=r"^bad record\n") as info:
+        producer(1)
+    assert info.value.__notes__[-1].startswith("(the other processes' outcomes differ: ")
 
 
 def test_an_indivisible_batch_names_the_batch_index(mesh8):

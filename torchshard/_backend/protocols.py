@@ -257,6 +257,22 @@ class ProcessChecks(Protocol):
         exchanges, a loader's background thread included); default: the calling thread's."""
         ...
 
+    def begin_exchange(
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
+    ) -> Callable[[], list[list[str]] | None]:
+        """``exchange`` in two halves: starts it (this process's items written, no waiting) and
+        returns its end, which waits for the others and returns what ``exchange`` returns (a
+        no-op end unless ``compares``). Between the two the thread may do other work and
+        begin the stream's next exchange (at most one outstanding: the ends are called in
+        order, on the thread that began them), so that a loader's thread makes its next batch
+        while the other processes catch up with this one."""
+        ...
+
     def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
         """A new sequence of exchanges for a loader's epoch, named alike on every process
         (``None`` unless ``compares``, or ``force`` on several processes). Called in program

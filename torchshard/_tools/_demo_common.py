@@ -81,7 +81,8 @@ def mlp() -> torch.nn.Module:
 class Result:
     """What a demo run measured. ``input_wait_fraction`` is the loader's own figure
     (``LoaderStats.input_wait_fraction``: the share of step time spent waiting for input after
-    each epoch's first batch); ``warmup_wait_seconds`` the wait for those first batches."""
+    each epoch's first batch; the DTensor demo's: the largest over its processes);
+    ``warmup_wait_seconds`` the wait for those first batches."""
 
     first_loss: float
     last_loss: float

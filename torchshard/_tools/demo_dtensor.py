@@ -18,8 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import multiprocessing
-import os
-import tempfile
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +53,7 @@ class Settings:
     quiet: bool = False
 
 
-def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
+def _rank_main(rank: int, init_method: str, s: Settings, results: Any) -> None:
     """One gloo process: trains; rank 0 prints and reports the ``Result``."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -64,7 +63,7 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
     torch.set_num_threads(1)  # N processes share the cores
     dist.init_process_group(
         "gloo",
-        init_method=f"file://{init_file}",
+        init_method=init_method,
         rank=rank,
         world_size=s.processes,
         timeout=COLLECTIVE_TIMEOUT,
@@ -121,6 +120,10 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
                 epoch += 1
             elapsed = time.perf_counter() - t_warm
             stats = loader.stats
+        # The figure reported is the process that waited most (each process's loader waits
+        # for its own DataLoader; DDP's all-reduce makes every step the slowest one's).
+        wait = torch.tensor([stats.input_wait_fraction], dtype=torch.float64)
+        dist.all_reduce(wait, op=dist.ReduceOp.MAX)
         if rank == 0:
             timed = max(s.steps - warmup, 1)
             window = max(1, min(10, s.steps // 5))
@@ -130,7 +133,7 @@ def _rank_main(rank: int, init_file: str, s: Settings, results: Any) -> None:
                     last_loss=_mean(losses[-window:]),
                     steps_per_second=timed / elapsed,
                     examples_per_second=timed * s.batch_size / elapsed,
-                    input_wait_fraction=stats.input_wait_fraction,
+                    input_wait_fraction=float(wait.item()),
                     warmup_seconds=t_warm - t_start,
                     warmup_wait_seconds=stats.warmup_wait_seconds,
                 )
@@ -159,34 +162,38 @@ def train(
     s = Settings(processes, steps, batch_size, workers, lr, seed, agreement_check, quiet)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory(prefix="torchshard-demo-") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(target=_rank_main, args=(r, init_file, s, results), name=f"rank{r}")
-            for r in range(processes)
-        ]
+    # A TCPStore (rank 0 serves it), as torchrun gives: torchshard's exchanges wait on the
+    # default group's store, and a FileStore (``file://``) answers a waiting get by polling
+    # every 10 ms, which made each batch's exchange wait ~10 ms (9.9 % input wait, check on).
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        init_method = f"tcp://127.0.0.1:{free.getsockname()[1]}"
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, init_method, s, results), name=f"rank{r}")
+        for r in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    try:
         for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        try:
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-        finally:
-            alive = [p for p in procs if p.is_alive()]
-            for p in alive:
-                p.terminate()
-            for p in alive:
-                p.join(10)
-        failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
-        if alive:
-            raise RuntimeError(
-                f"demo: the gloo processes {[p.name for p in alive]} were still running after "
-                f"{timeout:.0f} s and were stopped."
-            )
-        if failed:
-            raise RuntimeError(
-                f"demo: gloo process(es) failed (exit codes {failed}); their errors are above."
-            )
-        if results.empty():
-            raise RuntimeError("demo: rank 0 finished without reporting a result.")
-        return results.get()
+            p.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.terminate()
+        for p in alive:
+            p.join(10)
+    failed = {p.name: p.exitcode for p in procs if p.exitcode != 0}
+    if alive:
+        raise RuntimeError(
+            f"demo: the gloo processes {[p.name for p in alive]} were still running after "
+            f"{timeout:.0f} s and were stopped."
+        )
+    if failed:
+        raise RuntimeError(
+            f"demo: gloo process(es) failed (exit codes {failed}); their errors are above."
+        )
+    if results.empty():
+        raise RuntimeError("demo: rank 0 finished without reporting a result.")
+    return results.get()

@@ -123,6 +123,16 @@ class Epoch(Iterator[Any]):
             mesh, first = producer.mesh, producer.first
             producer.background = True
             backend = producer.backend
+            # With the processes compared, each batch's outcome exchange ends after the next
+            # batch is made (see _producer): one batch more than ``prefetch`` is in flight, so
+            # that ``prefetch`` batches stay ready. Not under a byte budget (which would not
+            # count it): there the exchange waits at once.
+            producer.pipeline = (
+                prefetch >= 1
+                and prefetch_bytes is None
+                and producer.agree
+                and not producer.exchange
+            )
             self._prefetcher = Prefetcher(
                 producer,
                 depth=prefetch,

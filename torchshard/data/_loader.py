@@ -60,7 +60,11 @@ class GlobalBatchLoader(Iterable[Any]):
         dispatcher: an ``InputDispatcher`` (anything with ``logical_to_physical_batch``).
         prefetch: the most batches transferred ahead of the consumer (the batch it holds is
             not counted; no transfer starts before a slot is free). ``0``: no thread, each
-            batch is transferred inside ``next()``.
+            batch is transferred inside ``next()``. When the processes compare each batch (the
+            DTensor agreement check on several processes), one batch more is made ahead, whose
+            outcome exchange is under way, so that no batch waits for the other processes'
+            making of the same batch (not with ``prefetch_bytes``: there each batch's
+            exchange waits at once).
         prefetch_bytes: the most host bytes of batches transferred ahead (``None``: no bound
             but ``prefetch``). A batch is read only while the batches ahead and one more of the
             last one's size fit; one batch always moves, even larger than the bound. Host

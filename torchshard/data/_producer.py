@@ -10,6 +10,14 @@ one bounded store exchange per batch, named by the batch, on the thread that mad
 runs ahead of the consumer and off the step's path. Differing outcomes raise at that batch on
 every process, before it is handed over: the failing process its own error (with a note), the
 others ``ProcessDisagreementError``. It holds no consumer state.
+
+On the loader's thread the exchange is pipelined (``pipeline``): batch ``n``'s exchange begins
+when ``n`` is made, the thread makes ``n + 1`` and begins its exchange, and only then waits for
+the other processes' outcomes of ``n`` and hands ``n`` over. Waiting at once (as ``prefetch=0``
+and a byte budget do) ties every batch to the slowest process's making of that batch, so each
+process's thread runs at the pace of the slowest one batch by batch, which a deeper prefetch
+does not absorb. One batch later the others have almost always begun ``n``, and the wait is
+gone. The batch made ahead is one more than ``prefetch`` in flight (figures: docs/design.md).
 """
 
 from __future__ import annotations
@@ -66,6 +74,19 @@ class Made:
     settled: tuple[bool, list[int]] | None = None
     """``last_batch="drop"``/``"pad"`` on several processes: ``(stop, real rows per process)``,
     agreed by the processes' exchange of this batch's status (the same on every process)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Begun:
+    """A batch's outcome whose exchange has begun (pipelined): the batch made, the end of the
+    sources, or the failure to make it."""
+
+    n: int
+    made: Made | None  # the batch; None: the end (``error is None``) or a failure
+    end: Callable[[], list[list[str]] | None]  # waits for the others' outcomes
+    snapshot: list[Any] | None = None  # at the end: the sources' states
+    error: Exception | None = None
+    where: Callable[[int], str] | None = None  # the paths of the batch's leaves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +205,10 @@ class Producer:
         self.ended = [False] * n
         self.pending: list[list[Any]] = [[] for _ in range(n)]
         self.echo_checked = [False] * n
+        # Set by the epoch when a thread runs it, the processes compare each batch and nothing
+        # but the agreement is exchanged: each batch's exchange ends after the next is made.
+        self.pipeline = False
+        self.begun: _Begun | None = None  # pipelined: the next batch, its exchange begun
 
     def snapshot(self) -> list[Any] | None:
         """The sources' states now, deep copies (``None`` unless every source is stateful)."""
@@ -292,6 +317,14 @@ class Producer:
 
     # -- one batch ------------------------------------------------------------------------
     def __call__(self, i: int) -> Made:
+        if self.pipeline and self.stream is not None:
+            begun = (
+                self.begun if self.begun is not None else self._begin(self.stream, self.first + i)
+            )
+            self.begun = None
+            if begun.made is not None:  # the next batch, and its exchange, before this one's end
+                self.begun = self._begin(self.stream, begun.n + 1)
+            return self._end(self.stream, begun)
         n = self.first + i
         stream = self.stream
         if self.stopped:  # every process stopped at the previous batch (drop or pad)
@@ -333,6 +366,67 @@ class Producer:
             nbytes=nbytes,
             settled=settled,
         )
+
+    def _begin(self, stream: Stream, n: int) -> _Begun:
+        """Makes batch ``n`` (or meets the end, or fails to) and begins the exchange of its
+        outcome; a failure of the exchange itself is raised by the end."""
+        made: Made | None = None
+        snapshot: list[Any] | None = None
+        error: Exception | None = None
+        where: Callable[[int], str] | None = None
+        try:
+            out, snap, host, rows, _, nbytes = self._make(n)
+        except StopIteration as stop:
+            outcome, snapshot = [END_OF_SOURCE], stop.value
+        except Exception as e:  # noqa: BLE001 -- raised by the end, at its batch
+            if self.threads is not None:  # drop the failed batch's copies
+                self.threads.fence()
+            outcome, error = failure(e), e
+        else:
+            ready = self.threads.fence() if self.threads is not None else None
+            made = Made(out, snap, ready, compared=True, rows=rows, nbytes=nbytes)
+            outcome = []
+            if host is not None:
+                leaves, treespec = flatten(host)
+                paths = LazyPaths(treespec, "batch")
+                outcome = describe(treespec, leaves, self.spec)
+                where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
+        try:
+            end = stream.checks.begin_exchange(
+                self.mesh, outcome, what=f"GlobalBatchLoader: batch {n}", stream=stream.name
+            )
+        except (ProcessDisagreementError, CollectiveError) as e:
+            setattr(e, LOCATED, True)
+            failed = e
+
+            def end() -> list[list[str]] | None:
+                raise failed
+
+        return _Begun(n, made, end, snapshot, error, where)
+
+    def _end(self, stream: Stream, begun: _Begun) -> Made:
+        """Waits for the others' outcomes of ``begun``'s batch: returns the batch, or raises as
+        ``_agree`` does (the end of the sources: ``StopIteration``)."""
+        n = begun.n
+        what = f"GlobalBatchLoader: batch {n}"
+        paths = begun.where or (lambda i: f"{what}: leaf {i}")
+        try:
+            every = begun.end()
+            problem = None if every is None else outcome_disagreement(what, every, paths)
+        except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
+            setattr(e, LOCATED, True)
+            raise
+        if begun.error is not None:
+            if problem is not None:
+                begun.error.add_note(f"(the other processes' outcomes differ: {problem})")
+            raise begun.error
+        if problem is not None:
+            setattr(problem, LOCATED, True)
+            raise problem
+        if begun.made is None:  # the end of every process's sources
+            stream.finished = True
+            raise StopIteration(Ended(begun.snapshot))
+        return begun.made
 
     def _agree(
         self,

@@ -109,3 +109,31 @@ def test_a_mesh_must_cover_the_world():
     dmesh._check_covers_world(Mesh(np.arange(4), ("a",), backend="dtensor"), 4)
     with pytest.raises(ts.ShardingError, match=re.escape("covers devices [0, 1]")):
         dmesh._check_covers_world(Mesh(np.arange(2), ("a",), backend="dtensor"), 4)
+
+
+def test_building_the_device_mesh_of_a_mesh_warns_nothing():
+    """A Mesh's devices are a read-only array; the DeviceMesh torchshard builds from them took
+    them through torch.as_tensor, whose "The given NumPy array is not writable" UserWarning
+    came from torchshard's module (seen under torchtitan's data-loading mesh). In a fresh
+    process (torch warns once per process), with every warning an error."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, numpy as np, torch.distributed as dist\n"
+        "warnings.simplefilter('error')\n"
+        "import torchshard as ts\n"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:0', rank=0, world_size=1)\n"
+        "mesh = ts.Mesh(np.arange(1).reshape(1, 1), ('dp', 'tp'), backend='dtensor')\n"
+        "with mesh:\n"
+        "    x = ts.host_to_global_array({'x': np.zeros((2, 3), np.float32)})['x']\n"
+        "print(type(x).__name__, tuple(x.shape))\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "DTensor (2, 3)"

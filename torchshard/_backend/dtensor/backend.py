@@ -417,6 +417,19 @@ class DTensorChecks:
             return None
         return exchange_in_step(what, with_mesh(items, mesh), stream)
 
+    def begin_exchange(
+        self,
+        mesh: Mesh,
+        items: Sequence[str],
+        *,
+        what: str = "torchshard",
+        stream: str | None = None,
+    ) -> Callable[[], list[list[str]] | None]:
+        if not self.compares(mesh):
+            return _agreed
+        end = collective.begin(what, with_mesh(items, mesh), stream)
+        return lambda: in_step(what, end())
+
     def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
@@ -429,6 +442,10 @@ class DTensorChecks:
 
     def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
         collective.end_stream(stream, finished=finished, taken=taken)
+
+
+def _agreed() -> None:
+    return None
 
 
 _DTENSOR = DTensorRuntime()

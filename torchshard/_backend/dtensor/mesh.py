@@ -133,7 +133,8 @@ class _Groups:
             dm = self.meshes.get(mesh)
             if dm is None:
                 _build_rendezvous(mesh)
-                ids = torch.as_tensor(np.asarray(mesh.devices))
+                # a copy: torch.as_tensor of the read-only devices warns ("not writable")
+                ids = torch.tensor(mesh.devices.tolist(), dtype=torch.int64)
                 dm = _bound(DeviceMesh(_device_type(), ids, mesh_dim_names=mesh.axis_names))
                 self.meshes[mesh] = dm
             return dm

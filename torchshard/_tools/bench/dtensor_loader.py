@@ -8,12 +8,12 @@ on (``ROUNDS`` times that pair of pairs; ``--quick``: once, two processes, few s
 drift of the shared machine falls on both alike.
 
 Figures: the loader's ``input_wait_fraction`` (the share of step time spent waiting for input
-after each epoch's first batch, on rank 0; median over the runs) and steps/s after the demo's
-warm-up (median). The check's cost to the step is the difference of the input waits; the
-target: within 1 percentage point, judged as the ratio of the non-waiting shares,
+after each epoch's warm-up, the largest over the processes; median over the runs) and steps/s
+after the demo's warm-up (median). The check's cost to the step is the difference of the input
+waits; the target: within 1 percentage point, judged as the ratio of the non-waiting shares,
 ``(1 - wait on) / (1 - wait off) >= 0.99``. The loader exchanges each batch's outcome on its
-background thread, one batch ahead, so the check's round trips and the other processes' pace
-stay off the step's path.
+background thread, pipelined (a batch's exchange ends after the next batch is made), so the
+check's round trips and the other processes' pace stay off the step's path.
 """
 
 from __future__ import annotations
@@ -82,5 +82,5 @@ def run(report: Report) -> None:
     report.notes.append(
         f"{NAME}: the DTensor demo's training (DDP, GlobalBatchLoader, 2 DataLoader workers per "
         f"process) with the agreement check on and off, in the order {order}; input wait = "
-        "rank 0's LoaderStats.input_wait_fraction"
+        "the largest LoaderStats.input_wait_fraction over the processes"
     )
