@@ -349,10 +349,8 @@ class Producer:
         outcome = [status] if self.exchange else []
         where = None
         if host is not None and self.agree:
-            leaves, treespec = flatten(host)
-            paths = LazyPaths(treespec, "batch")
-            outcome += describe(treespec, leaves, self.spec)
-            where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
+            described, where = self._describe(n, host)
+            outcome += described
         settled = self._agree(stream, n, outcome, where=where)
         if settled is not None and settled[0]:  # the last exchange of the epoch
             self.stopped = True
@@ -366,6 +364,14 @@ class Producer:
             nbytes=nbytes,
             settled=settled,
         )
+
+    def _describe(self, n: int, host: Any) -> tuple[list[str], Callable[[int], str]]:
+        """Batch ``n``'s description (what the agreement compares) from this process's host
+        batch, and the paths of its leaves for the errors."""
+        leaves, treespec = flatten(host)
+        paths = LazyPaths(treespec, "batch")
+        where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
+        return describe(treespec, leaves, self.spec), where
 
     def _begin(self, stream: Stream, n: int) -> _Begun:
         """Makes batch ``n`` (or meets the end, or fails to) and begins the exchange of its
@@ -387,10 +393,7 @@ class Producer:
             made = Made(out, snap, ready, compared=True, rows=rows, nbytes=nbytes)
             outcome = []
             if host is not None:
-                leaves, treespec = flatten(host)
-                paths = LazyPaths(treespec, "batch")
-                outcome = describe(treespec, leaves, self.spec)
-                where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
+                outcome, where = self._describe(n, host)
         try:
             end = stream.checks.begin_exchange(
                 self.mesh, outcome, what=f"GlobalBatchLoader: batch {n}", stream=stream.name
