@@ -333,6 +333,39 @@ def test_an_abandoned_iterator_is_collected_and_its_thread_ends(mesh42):
     assert no_loader_thread_left()
 
 
+def _slow(entered):
+    """Batches that take 0.3 s each to read: the thread is inside the source when the
+    consumer breaks out."""
+    for i in range(100):
+        entered.set()
+        time.sleep(0.3)
+        yield {"id": np.arange(8) + i}
+
+
+@pytest.mark.parametrize("then", ["close()", "iter()"])
+def test_a_break_then_close_or_a_new_iter_joins_the_abandoned_epochs_thread(mesh42, then):
+    """After ``for batch in loader: break``, the epoch's finaliser only tells its thread to
+    stop (it does not join a thread that may be blocked in the source). ``close()`` and the
+    next ``iter()`` returned with the thread still inside the source (it ran on into the
+    next epoch's, and into the interpreter's exit: an abort there); now they wait for it."""
+    import threading
+
+    entered = threading.Event()
+    loader = ts.GlobalBatchLoader(_slow(entered), prefetch=2)
+    for _batch in loader:
+        entered.clear()
+        assert entered.wait(30)  # the thread is reading the next batch
+        break
+    [abandoned] = loader_threads()  # the iterator is collected: told to stop, still reading
+    if then == "close()":
+        loader.close()
+    else:
+        iter(loader)
+    assert not abandoned.is_alive()
+    loader.close()
+    assert loader_threads() == []
+
+
 def test_a_new_iter_starts_a_new_epoch_and_stops_the_old_thread(mesh42):
     source = DataLoader(Rows(32), batch_size=8)
     loader = ts.GlobalBatchLoader(source)

@@ -11,7 +11,6 @@ cursor).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from torchshard.data._prefetch import Prefetcher
 from torchshard.data._producer import LOCATED, Ended, Made, Producer, Stream
 from torchshard.data._sampler import HostSampler
 from torchshard.data._stats import Counters
+from torchshard.data._threads import run_job
 
 
 def _close(
@@ -49,13 +49,32 @@ def _close(
 
 
 def _end_later(prefetcher: Prefetcher[Any], stream: Stream) -> None:
-    """Ends ``stream`` when ``prefetcher``'s thread stops (a daemon: never holds up the exit)."""
+    """Ends ``stream`` when ``prefetcher``'s thread stops, on a worker of ``_threads`` (a
+    daemon, joined for a bounded time at exit)."""
 
-    def end() -> None:
+    def end() -> bool:
         prefetcher.wait_finished()
         stream.close()
+        return True
 
-    threading.Thread(target=end, name="torchshard-stream-end", daemon=True).start()
+    run_job(end, name="torchshard-stream-end")
+
+
+class Ending:
+    """What closing an epoch takes once its iterator may be gone (a ``break`` drops it): its
+    thread's prefetcher (weakly: its running job holds it) and its stream. The loader keeps
+    it, so that ``close()`` and the next ``iter()`` join an abandoned epoch's thread, whose
+    finaliser only told it to stop."""
+
+    def __init__(self, prefetcher: Prefetcher[Any] | None, stream: Stream | None) -> None:
+        self._prefetcher = weakref.ref(prefetcher) if prefetcher is not None else None
+        self._stream = stream
+
+    def close(self, timeout: float | None = None) -> None:
+        """Joins the thread (at most ``timeout`` s; see ``Prefetcher.close``), then ends the
+        stream; idempotent."""
+        prefetcher = self._prefetcher() if self._prefetcher is not None else None
+        _close(prefetcher, self._stream, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -147,6 +166,7 @@ class Epoch(Iterator[Any]):
         # in a slow source held the exit up 10 s per epoch (22-31 s seen). The stream ends once
         # the thread has stopped (``_close``), so no process is left waiting in an exchange.
         weakref.finalize(self, _close, self._prefetcher, self._stream, False)
+        self.ending = Ending(self._prefetcher, self._stream)
 
     def __iter__(self) -> Epoch:
         return self

@@ -34,7 +34,7 @@ from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data import _state
 from torchshard.data._ends import check_policy, full_rows
-from torchshard.data._epoch import Epoch
+from torchshard.data._epoch import Ending, Epoch
 from torchshard.data._local import LocalEpoch
 from torchshard.data._position import Cursor
 from torchshard.data._producer import Producer, Stream
@@ -207,6 +207,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._local = local
         self._counters = Counters()
         self._epoch: weakref.ref[Epoch] | None = None
+        self._ending: Ending | None = None  # the last epoch's, to close it once abandoned
         # The consumer's position: the sources' state after the batch it took last (None:
         # never iterated) and the index in its epoch of the batch it takes next.
         self._cursor = Cursor(None, 0)
@@ -312,6 +313,7 @@ class GlobalBatchLoader(Iterable[Any]):
             warmup=warmup_batches(self._sources),
         )
         self._epoch = weakref.ref(epoch)
+        self._ending = epoch.ending
         return LocalEpoch(epoch) if self._local else epoch
 
     def _check_hosts(self, topology: Topology) -> None:
@@ -336,9 +338,13 @@ class GlobalBatchLoader(Iterable[Any]):
                 epoch.close(timeout)
             else:
                 epoch.end(by)
+        elif self._ending is not None:  # abandoned: its finaliser only told the thread to stop
+            self._ending.close(timeout)
+        self._ending = None
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Stops the current epoch's thread and frees its queued batches (idempotent).
+        """Stops the current epoch's thread and frees its queued batches (idempotent); after a
+        ``break`` out of the epoch, waits for its thread to leave the source.
 
         A thread blocked inside the source (a slow dataset, a stuck worker) cannot be
         stopped: ``close`` waits for it at most ``timeout`` seconds (``None``: 10 s), then logs

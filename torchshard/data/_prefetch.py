@@ -26,6 +26,11 @@ torchdata.nodes' ``_SingleThreadedMapper``:
 
 The thread holds no reference to the consumer-facing object, so an abandoned iterator is
 garbage collected and its finaliser stops the thread.
+
+At interpreter exit (before ``atexit``'s hooks, which tear down torch_xla's runtime and
+torch.distributed's stores), every stream still running is stopped and the threads are joined
+for at most ``EXIT_SECONDS`` in all (``_threads.shutdown``): a daemon thread left running into
+the interpreter's finalization aborts the process when it is inside torch's C++.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from torchshard._core.checks import positive_int
-from torchshard.data._threads import run_job
+from torchshard.data._threads import run_job, shutdown
 
 T = TypeVar("T")
 # An exception with this attribute set names where it happened itself: no note is added.
@@ -47,6 +53,7 @@ LOCATED = "_torchshard_located"
 
 POLL_SECONDS = 0.05  # every blocking call wakes up this often to check the stop event
 JOIN_SECONDS = 10.0  # how long close() waits for a thread that is inside produce()
+EXIT_SECONDS = 2.0  # how long the interpreter's exit waits for all threads, in all
 
 _log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -132,6 +139,7 @@ class Prefetcher(Generic[T]):
         self._finished = threading.Event()
         self.name = f"{name}-{next(_ids)}"
         self._thread = run_job(self._job, name=self.name)
+        _LIVE.add(self)
 
     # -- background thread -----------------------------------------------------------------
     def _job(self) -> bool:
@@ -275,3 +283,32 @@ class Prefetcher(Generic[T]):
                 self._queue.get_nowait()
             except queue.Empty:
                 return
+
+
+# Every Prefetcher whose thread may still run (its job holds it until the job returns).
+_LIVE: weakref.WeakSet[Prefetcher[Any]] = weakref.WeakSet()
+
+
+def _stop_at_exit() -> None:
+    """Stops every stream and waits for the threads (bounded): none runs into finalization."""
+    for prefetcher in list(_LIVE):
+        prefetcher.close(wait=False)
+    left = shutdown(EXIT_SECONDS)
+    if left:
+        _log.warning(
+            "at exit, torchshard's threads %s did not stop within %g s (blocked inside a "
+            "source?); the interpreter may abort if one is inside torch when it finalizes.",
+            [t.name for t in left],
+            EXIT_SECONDS,
+        )
+
+
+# threading's exit hooks run before atexit's (and before non-daemon threads are joined), so
+# the threads stop while torch_xla's runtime and torch.distributed's stores still exist.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_stop_at_exit)
+else:  # pragma: no cover - every supported Python has it
+    import atexit
+
+    atexit.register(_stop_at_exit)

@@ -23,6 +23,7 @@ gone. The batch made ahead is one more than ``prefetch`` in flight (figures: doc
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -109,13 +110,15 @@ class Stream:
         self.taken = 0
         self.finished = False
         self.closed = False
+        self._lock = threading.Lock()  # the loader and a finaliser's thread may both close it
 
     def close(self) -> None:
         """Ends the sequence (once): every process still to reach its next exchange, or waiting
         in it, raises naming this process, unless the source ended on every process."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
         self.checks.close_stream(self.mesh, self.name, finished=self.finished, taken=self.taken)
 
 
