@@ -135,6 +135,25 @@ class Tally:
 _END = object()
 
 
+def _judge(
+    what: str,
+    every: Sequence[Sequence[str]] | None,
+    paths: Callable[[int], str],
+    error: BaseException | None,
+) -> None:
+    """The verdict on a batch's outcomes (``every``: each process's, ``None`` when they
+    agree): raises their disagreement, or notes it on this process's own ``error`` (a failure
+    of the source or the check, which the caller raises)."""
+    if every is None:
+        return
+    problem = outcome_disagreement(what, every, paths)
+    if error is not None:
+        error.add_note(f"(the other processes' outcomes differ: {problem})")
+        return
+    setattr(problem, LOCATED, True)
+    raise problem
+
+
 class Producer:
     """Makes global batch ``first + i`` (``self(i)``), on the loader's thread or in ``next()``.
 
@@ -413,22 +432,15 @@ class Producer:
     def _end(self, stream: Stream, begun: _Begun) -> Made:
         """Waits for the others' outcomes of ``begun``'s batch: returns the batch, or raises as
         ``_agree`` does (the end of the sources: ``StopIteration``)."""
-        n = begun.n
-        what = f"GlobalBatchLoader: batch {n}"
-        paths = begun.where or (lambda i: f"{what}: leaf {i}")
+        what = f"GlobalBatchLoader: batch {begun.n}"
         try:
             every = begun.end()
-            problem = None if every is None else outcome_disagreement(what, every, paths)
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
+        _judge(what, every, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
         if begun.error is not None:
-            if problem is not None:
-                begun.error.add_note(f"(the other processes' outcomes differ: {problem})")
             raise begun.error
-        if problem is not None:
-            setattr(problem, LOCATED, True)
-            raise problem
         if begun.made is None:  # the end of every process's sources
             stream.finished = True
             raise StopIteration(Ended(begun.snapshot))
@@ -468,17 +480,11 @@ class Producer:
                         raise
                     error.add_note(f"(the other processes' outcomes differ: {differ})")
                     return None
-            if every is None:
-                return None
-            problem = outcome_disagreement(what, every, paths)
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        if error is not None:
-            error.add_note(f"(the other processes' outcomes differ: {problem})")
-            return None
-        setattr(problem, LOCATED, True)
-        raise problem
+        _judge(what, every, paths, error)
+        return None
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any, int, str, int]:
         masks = None
