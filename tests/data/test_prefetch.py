@@ -1,19 +1,38 @@
 """The prefetch engine (standard library only): order, bound, errors, shutdown."""
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 import pytest
 from data_helpers import wait_until
 
+import torchshard
 from torchshard.data._prefetch import Prefetcher
 
 
 def live(prefix="prefetch"):
     return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def run_script(path, text):
+    """Runs ``text`` as the script ``path`` in a fresh interpreter that imports this
+    checkout's torchshard."""
+    path.write_text(text)
+    root = str(Path(torchshard.__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": root},
+    )
 
 
 def counting(n):
@@ -181,17 +200,9 @@ def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
     """Ctrl-C (KeyboardInterrupt) in a loop over a GlobalBatchLoader whose source is blocked:
     the process took JOIN_SECONDS more to exit per open epoch (the finalizer joined the thread).
     The child sets JOIN_SECONDS to 60 s so that a loaded machine cannot blur the two outcomes."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import torchshard
-
     pytest.importorskip("torch_xla", reason="the child process places on torch_xla")
-    root = str(Path(torchshard.__file__).resolve().parents[1])
-    script = tmp_path / "interrupted.py"
-    script.write_text(
+    out = run_script(
+        tmp_path / "interrupted.py",
         "import threading, time, numpy as np, torchshard as ts\n"
         "import torchshard.data._prefetch as prefetch\n"
         "prefetch.JOIN_SECONDS = 60.0\n"
@@ -204,14 +215,7 @@ def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
         "    for batch in ts.GlobalBatchLoader(Slow()):\n"
         "        time.sleep(0.3)\n"
         "        print(time.time(), flush=True)\n"
-        "        raise KeyboardInterrupt\n"
-    )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": root},
+        "        raise KeyboardInterrupt\n",
     )
     end = time.time()
     assert out.returncode == -2 and "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]  # SIGINT
@@ -242,22 +246,6 @@ def test_a_thread_inside_torch_at_exit_does_not_abort_the_process(tmp_path):
     The daemon thread was killed as it took the GIL back inside torch's C++: "terminate called
     without an active exception", exit -6, in 6 runs of 6 (and the demo in about 1 of 8 on a
     loaded machine). Now the exit stops the stream and waits for the thread."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import torchshard
-
-    root = str(Path(torchshard.__file__).resolve().parents[1])
-    script = tmp_path / "busy_at_exit.py"
-    script.write_text(_BUSY_AT_EXIT)
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": root},
-    )
+    out = run_script(tmp_path / "busy_at_exit.py", _BUSY_AT_EXIT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == "exiting\n" and "terminate called" not in out.stderr
