@@ -277,10 +277,10 @@ def first_batch_values(
 
 
 def pipelined_exchanges(rounds: int = 120, differ_at: int = 57) -> dict[str, Any]:
-    """A named stream whose exchanges each rank begins one ahead of their ends (as a loader's
+    """A named channel whose exchanges each rank begins one ahead of their ends (as a loader's
     thread does), at paces that vary by rank and round (so the ranks arrive in every order):
     every verdict is right (one disagreement, at ``differ_at``, with both ranks' items), and the
-    stream's keys are gone from the store after its end."""
+    channel's keys are gone from the store after its end."""
     import random
 
     import torch.distributed as dist
@@ -292,8 +292,8 @@ def pipelined_exchanges(rounds: int = 120, differ_at: int = 57) -> dict[str, Any
     pace = random.Random(rank)
     s = collective.session()
     assert s is not None
-    stream, _ = s.open_stream("pipelined")
-    dist.barrier()  # the opening exchange's keys (the main thread's stream) are written
+    channel, _ = s.open_channel("pipelined")
+    dist.barrier()  # the opening exchange's keys (the main thread's channel) are written
     keys_before = default_store().num_keys()
     verdicts: list[Any] = []
     ends: list[Any] = []
@@ -301,11 +301,11 @@ def pipelined_exchanges(rounds: int = 120, differ_at: int = 57) -> dict[str, Any
         if x < rounds:
             item = f"rank {rank}" if x == differ_at else "alike"
             time.sleep(pace.random() * 0.002)
-            ends.append(s.begin(f"exchange {x}", [item], stream))
+            ends.append(s.begin(f"exchange {x}", [item], channel))
         if x >= 1:  # the previous exchange ends after this one began
             time.sleep(pace.random() * 0.002)
             verdicts.append(ends[x - 1]())
-    s.end_stream(stream, finished=True, taken=rounds)
+    s.close_channel(channel, finished=True, taken=rounds)
     dist.barrier()
     return {
         "agreed": [k for k, v in enumerate(verdicts) if v is None],

@@ -543,13 +543,11 @@ def loader_outcomes(kind: str, prefetch: int) -> dict[str, Any]:
             )
         loader.close()
         # An epoch dropped by `break` does not join its thread (it may be blocked in a slow
-        # source): within the timeout the thread stops and its stream ends.
+        # source): within the timeout the thread stops and closes its epoch's channel.
         deadline = time.monotonic() + 10.0
         while True:
             stuck = sorted(
-                t.name
-                for t in threading.enumerate()
-                if t.name.startswith(("torchshard-loader", "torchshard-stream"))
+                t.name for t in threading.enumerate() if t.name.startswith("torchshard-loader")
             )
             if not stuck or time.monotonic() > deadline:
                 break

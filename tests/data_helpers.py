@@ -1,12 +1,16 @@
 """Shared by the torchshard.data tests: a fake dispatcher, a counting dataset, thread checks,
-and the save/resume harness."""
+an epoch plan made by hand, and the save/resume harness."""
 
 from __future__ import annotations
 
 import gc
+import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,6 +38,29 @@ def loader_threads():
 
 def no_loader_thread_left():
     return wait_until(lambda: not loader_threads(), timeout=15.0)
+
+
+def run_script(path, text):
+    """Runs ``text`` as the script ``path`` in a fresh interpreter that imports this
+    checkout's torchshard."""
+    path.write_text(text)
+    root = str(Path(ts.__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+
+
+def make_plan(mesh, spec, **fields):
+    """An ``EpochPlan`` made by hand, as the loader's ``iter()`` would make it, for tests that
+    drive a ``Producer`` or an ``Epoch`` directly (``fields``: the plan's other fields)."""
+    from torchshard._backend.registry import lookup
+    from torchshard.data._loader.plan import EpochPlan
+
+    return EpochPlan(mesh=mesh, backend=lookup(mesh), spec=spec, **fields)
 
 
 class FakeDispatcher:

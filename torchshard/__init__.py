@@ -65,9 +65,9 @@ from torchshard._step.local_views import to_submesh as to_submesh
 from torchshard._step.spmd_input_dispatcher import SpmdInputDispatcher as SpmdInputDispatcher
 from torchshard._visualize.sharding import visualize_sharding as visualize_sharding
 from torchshard.data._collate import sharded_collate as sharded_collate
-from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
+from torchshard.data._loader.loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._sampler import host_sampler as host_sampler
-from torchshard.data._stream import stream_shard as stream_shard
+from torchshard.data._stream_shard import stream_shard as stream_shard
 
 # axlearn compatibility: axlearn's names and semantics, for code ported from it; new code has a
 # plainer way (PartitionSpecs instead of DataPartitionType, InputDispatcher instead of

@@ -161,6 +161,26 @@ def _third_party(module: str) -> set[str]:
     }
 
 
+def test_the_data_feeders_import_nothing_of_the_loaders_wing():
+    """``torchshard.data``'s feeders work alone, before or inside a ``DataLoader``
+    (``host_sampler``, ``stream_shard``, ``sharded_collate``): the loader's wing
+    (``data/_loader/``) imports them, never the other way."""
+    feeders = sorted(
+        m for m in MODULES if m.startswith("torchshard.data._") and ".data._loader" not in m
+    )
+    assert feeders == [
+        "torchshard.data._collate",
+        "torchshard.data._sampler",
+        "torchshard.data._stream_shard",
+    ]
+    wrong = [
+        f"{m}:{line} imports {t}"
+        for m, t, line, _ in internal_edges()
+        if m in feeders and t.startswith("torchshard.data._loader")
+    ]
+    assert wrong == []
+
+
 def test_the_core_imports_only_the_standard_library_numpy_and_optree():
     allowed = set(sys.stdlib_module_names) | {"numpy", "optree"}
     found = {
@@ -224,8 +244,10 @@ def _private_torch_names(path: pathlib.Path) -> list[str]:
 
 
 def test_private_torch_names_are_imported_in_one_module():
-    """torch's private names change between releases: each is imported once, in
-    ``_backend/_torch_private.py`` (with the versions it was checked on), and nowhere else."""
+    """torch's private names change between releases: each is imported once (with the versions
+    it was checked on) and nowhere else: torch.distributed's in
+    ``_backend/dtensor/_torch_private.py`` (the DTensor backend alone imports torch.distributed),
+    torch's own in ``_place/_torch_private.py``."""
     users = {m: n for m, p in MODULES.items() if (n := _private_torch_names(p))}
     assert set(users) == {
         "torchshard._backend.dtensor._torch_private",  # torch.distributed's

@@ -1,17 +1,16 @@
 """The test suite mirrors the package: the tests of module ``torchshard/<wing>/<name>.py`` are in
 ``tests/<wing>/test_<name>.py``, each folder and name without its leading underscore
-(``torchshard/_core/sharding.py`` -> ``tests/core/test_sharding.py``, ``torchshard/data/_loader.py``
--> ``tests/data/test_loader.py``, ``torchshard/errors.py`` -> ``tests/test_errors.py``).
+(``torchshard/_core/sharding.py`` -> ``tests/core/test_sharding.py``,
+``torchshard/data/_loader/loader.py`` -> ``tests/data/loader/test_loader.py``,
+``torchshard/errors.py`` -> ``tests/test_errors.py``).
 
-Every module (but ``__init__.py`` and ``__main__.py``) has a test file of its name, and every
-test file in a mirror folder names an existing module: ``test_<name>.py``, or
-``test_<name>_<what>.py`` for a second file of one module's tests
-(``place/test_host_to_global_properties.py``). The cross-cutting suites (parity, conformance,
-failure modes, golden error texts, docs blocks, docstrings, layers, public API, examples) are
-in ``tests/cross/``; the helpers the tests share (``helpers.py``, ``_multiproc.py``, the gloo
-case modules, ...) are in ``tests/`` itself, and a mirror folder holds test files and at most a
-``conftest.py``.
-"""
+Every module (but ``__init__.py`` and ``__main__.py``) has a test file of its name, and every test
+file in a mirror folder names an existing module: ``test_<name>.py``, or ``test_<name>_<what>.py``
+for a second file of one module's tests (``place/test_host_to_global_properties.py``). The
+cross-cutting suites (parity, conformance, failure modes, golden error texts, docs blocks,
+docstrings, layers, public API, examples) are in ``tests/cross/``; the helpers the tests share
+(``helpers.py``, ``_multiproc.py``, the gloo case modules, ...) are in ``tests/`` itself, and a
+mirror folder holds test files and at most a ``conftest.py``."""
 
 from __future__ import annotations
 

@@ -242,7 +242,7 @@ class ProcessChecks(Protocol):
         items: Sequence[str],
         *,
         what: str = "torchshard",
-        stream: str | None = None,
+        channel: str | None = None,
         force: bool = False,
     ) -> list[list[str]] | None:
         """Every process's ``items`` when they differ, ``None`` when they agree (or when
@@ -253,8 +253,9 @@ class ProcessChecks(Protocol):
         ``force``: exchange also with the agreement check off (on several processes), for a
         caller that needs the others' items (a loader's end of data).
 
-        ``stream``: a sequence from ``open_stream`` (then any one thread at a time may run its
-        exchanges, a loader's background thread included); default: the calling thread's."""
+        ``channel``: a sequence of exchanges from ``open_channel`` (then any one thread at a
+        time may run its exchanges, a loader's background thread included); default: the
+        calling thread's."""
         ...
 
     def begin_exchange(
@@ -263,26 +264,26 @@ class ProcessChecks(Protocol):
         items: Sequence[str],
         *,
         what: str = "torchshard",
-        stream: str | None = None,
+        channel: str | None = None,
     ) -> Callable[[], list[list[str]] | None]:
         """``exchange`` in two halves: starts it (this process's items written, no waiting) and
         returns its end, which waits for the others and returns what ``exchange`` returns (a
         no-op end unless ``compares``). Between the two the thread may do other work and
-        begin the stream's next exchange (at most one outstanding: the ends are called in
+        begin the channel's next exchange (at most one outstanding: the ends are called in
         order, on the thread that began them), so that a loader's thread makes its next batch
         while the other processes catch up with this one."""
         ...
 
-    def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
-        """A new sequence of exchanges for a loader's epoch, named alike on every process
-        (``None`` unless ``compares``, or ``force`` on several processes). Called in program
+    def open_channel(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
+        """A new channel (a sequence of exchanges) for a loader's epoch, named alike on every
+        process (``None`` unless ``compares``, or ``force`` on several processes). Called in program
         order on the thread that runs the program (a loader's ``iter()``): one exchange there,
-        which names the sequence, so that processes that are in different calls all raise
+        which names the channel, so that processes that are in different calls all raise
         ``ProcessDisagreementError`` at once."""
         ...
 
-    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
-        """Ends ``stream`` once no thread runs its exchanges any more. ``finished``: its last
+    def close_channel(self, mesh: Mesh, channel: str, *, finished: bool, taken: int) -> None:
+        """Ends ``channel`` once no thread runs its exchanges any more. ``finished``: its last
         exchange ended it on every process (the end of the source); its keys are deleted. Else
         (an epoch ended early, ``taken`` batches taken) the processes still waiting in, or yet
         to reach, its next exchange raise ``CollectiveError`` naming this process at once."""

@@ -20,7 +20,7 @@ A ``GlobalBatchLoader`` assembles batches on a background thread, whose progress
 process to process (one process may be making batch 7 while another has stopped after 6), so
 no collective may run there. Its consumer runs the check instead, once per ``next()``, on a
 description of the *outcome* of that batch: a batch (``describe``), the end of the source
-(``END``) or a failure (``failure``). Processes whose outcomes differ all raise at the same
+(``END_OF_DATA``) or a failure (``failure``). Processes whose outcomes differ all raise at the same
 batch: the failing process its own error, the others ``outcome_disagreement``.
 """
 
@@ -257,7 +257,7 @@ def _mesh_of(line: str) -> str:
     return "mesh " + line.rpartition(", mesh ")[2]
 
 
-END = "the end of the source"
+END_OF_DATA = "the end of the source"  # the outcome of a batch past the sources' end
 
 
 def failure(error: BaseException) -> list[str]:
@@ -271,7 +271,7 @@ def outcome_disagreement(
 ) -> ProcessDisagreementError:
     """The error for a loader's batch whose outcome differs between the processes.
 
-    ``per_process[p]`` is process ``p``'s outcome: ``describe`` output, ``[END]`` or
+    ``per_process[p]`` is process ``p``'s outcome: ``describe`` output, ``[END_OF_DATA]`` or
     ``failure(e)``. When every process made a batch, this is ``disagreement``'s error."""
     batches = [items for items in per_process if items and items[0].startswith("structure ")]
     if len(batches) == len(per_process):

@@ -1,15 +1,26 @@
-"""Feeding steps from ``torch.utils.data``: ``GlobalBatchLoader``, ``sharded_collate``,
-``host_sampler`` (``HostSampler``), ``stream_shard``."""
+"""Feeding steps from ``torch.utils.data``, in the order data flows:
+
+- Feeders that work alone, each before or inside a ``DataLoader``: ``_sampler.py``
+  (``host_sampler`` -> ``HostSampler``: the shard of a map-style dataset this process reads,
+  from the mesh), ``_stream_shard.py`` (``stream_shard``: the shard of a stream a process, and
+  a DataLoader worker inside it, reads), ``_collate.py`` (``sharded_collate``: the DataLoader's
+  own collate making global batches, ``num_workers=0``).
+- The loader's wing, ``_loader/`` (``GlobalBatchLoader``: host batches from any of them ->
+  global sharded batches, prefetched; its map is ``_loader/__init__.py``).
+
+The feeders import nothing of the wing. Public names: ``GlobalBatchLoader``, ``LoaderStats``,
+``host_sampler``, ``HostSampler``, ``sharded_collate``, ``stream_shard``.
+"""
 
 import warnings as _warnings
 from typing import Any as _Any
 
 from torchshard.data._collate import sharded_collate as sharded_collate
-from torchshard.data._loader import GlobalBatchLoader as GlobalBatchLoader
-from torchshard.data._loader import LoaderStats as LoaderStats
+from torchshard.data._loader.loader import GlobalBatchLoader as GlobalBatchLoader
+from torchshard.data._loader.stats import LoaderStats as LoaderStats
 from torchshard.data._sampler import HostSampler as HostSampler
 from torchshard.data._sampler import host_sampler as host_sampler
-from torchshard.data._stream import stream_shard as stream_shard
+from torchshard.data._stream_shard import stream_shard as stream_shard
 
 __all__ = [
     "GlobalBatchLoader",

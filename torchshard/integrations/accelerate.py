@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
-from torchshard.data._loader import GlobalBatchLoader
+from torchshard.data._loader.loader import GlobalBatchLoader
 from torchshard.integrations._optional import require
 
 

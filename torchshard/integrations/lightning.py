@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from torchshard.data._loader import GlobalBatchLoader
+from torchshard.data._loader.loader import GlobalBatchLoader
 from torchshard.integrations._optional import require
 
 S = TypeVar("S")

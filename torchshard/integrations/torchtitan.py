@@ -25,7 +25,7 @@ import numpy as np
 from torchshard._core.feed import feed_read_config
 from torchshard._core.spec import PartitionSpec
 from torchshard._mesh.mesh import Mesh
-from torchshard.data._loader import GlobalBatchLoader
+from torchshard.data._loader.loader import GlobalBatchLoader
 from torchshard.integrations._optional import require
 
 DATALOADING_AXES = ("pp", "batch", "cp", "tp")

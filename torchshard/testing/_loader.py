@@ -7,7 +7,7 @@ from typing import Any
 
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._mesh.mesh import Mesh
-from torchshard.data._loader import GlobalBatchLoader, per_host_loader
+from torchshard.data._loader.loader import GlobalBatchLoader, per_host_loader
 
 
 def global_batch_loader_per_host(

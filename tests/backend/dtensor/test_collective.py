@@ -69,10 +69,10 @@ def test_a_rank_that_leaves_a_loader_loop_early_names_the_batch_and_the_rank():
 
 
 def test_exchanges_begun_one_ahead_of_their_ends_pair_and_leave_no_keys(pools):
-    """A thread may begin its stream's next exchange before ending the current one (a loader's
+    """A thread may begin its channel's next exchange before ending the current one (a loader's
     thread does, so that it makes its next batch while the others catch up): over 120 rounds at
     varying paces every verdict is the right one, the one disagreement names both ranks' items,
-    and the stream's keys are deleted at its end (the store does not grow)."""
+    and the channel's keys are deleted at its end (the store does not grow)."""
     r0, r1 = pools(2).run(CASES + "pipelined_exchanges")
     for r in (r0, r1):
         assert r["agreed"] == [k for k in range(120) if k != 57]

@@ -1,10 +1,14 @@
-"""Every private torch name torchshard uses, imported here once, with the versions checked.
+"""Every private torch.distributed name torchshard uses, imported here once, with the versions
+checked.
 
 torch's underscore names change without notice between releases (``_StridedShard`` stopped
 being a subclass of ``Shard`` in torch 2.14), so no other torchshard module imports one: they
 call the functions below, and a change in a new torch release is fixed in this one file. Each
 entry says which torch versions it was checked on (the DTensor tests run on each of them).
-Imported only by the DTensor backend (with it, the only importer of torch.distributed).
+Imported only by the DTensor backend (with it, the only importer of torch.distributed). torch's
+own private names (``FakeTensor``, ``torch.func``'s level), which placement needs on every
+backend, are in ``_place/_torch_private.py``: those two modules hold every private torch name
+torchshard uses (``tests/cross/test_layers.py``).
 """
 
 from __future__ import annotations

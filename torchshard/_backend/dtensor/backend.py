@@ -410,12 +410,12 @@ class DTensorChecks:
         items: Sequence[str],
         *,
         what: str = "torchshard",
-        stream: str | None = None,
+        channel: str | None = None,
         force: bool = False,
     ) -> list[list[str]] | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
-        return exchange_in_step(what, with_mesh(items, mesh), stream)
+        return exchange_in_step(what, with_mesh(items, mesh), channel)
 
     def begin_exchange(
         self,
@@ -423,25 +423,25 @@ class DTensorChecks:
         items: Sequence[str],
         *,
         what: str = "torchshard",
-        stream: str | None = None,
+        channel: str | None = None,
     ) -> Callable[[], list[list[str]] | None]:
         if not self.compares(mesh):
             return _agreed
-        end = collective.begin(what, with_mesh(items, mesh), stream)
+        end = collective.begin(what, with_mesh(items, mesh), channel)
         return lambda: in_step(what, end())
 
-    def open_stream(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
+    def open_channel(self, mesh: Mesh, *, what: str, force: bool = False) -> str | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
-        opened = collective.open_stream(what)  # on the calling thread, in program order
+        opened = collective.open_channel(what)  # on the calling thread, in program order
         if opened is None:
             return None
-        stream, every = opened
+        channel, every = opened
         in_step(what, every)  # the only item is alike: only the calls can differ
-        return stream
+        return channel
 
-    def close_stream(self, mesh: Mesh, stream: str, *, finished: bool, taken: int) -> None:
-        collective.end_stream(stream, finished=finished, taken=taken)
+    def close_channel(self, mesh: Mesh, channel: str, *, finished: bool, taken: int) -> None:
+        collective.close_channel(channel, finished=finished, taken=taken)
 
 
 def _agreed() -> None:

@@ -18,13 +18,13 @@ from torchshard._core.tree import LazyPaths, flatten
 
 
 def exchange_in_step(
-    what: str, items: Sequence[str], stream: str | None = None
+    what: str, items: Sequence[str], channel: str | None = None
 ) -> list[list[str]] | None:
     """Every process's ``items`` when they differ, ``None`` when they agree (the store-based
-    exchange of ``collective`` on ``stream``, default the calling thread's; bounded by the
+    exchange of ``collective`` on ``channel``, default the calling thread's; bounded by the
     default group's timeout). Processes that are in different calls (``what`` differs: one
     skipped a call) all raise ``ProcessDisagreementError``."""
-    return in_step(what, collective.exchange(what, items, stream))
+    return in_step(what, collective.exchange(what, items, channel))
 
 
 def in_step(what: str, every: list[list[str]] | None) -> list[list[str]] | None:

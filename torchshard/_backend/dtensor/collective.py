@@ -31,13 +31,13 @@ answers a waiting ``get`` by polling the file every 10 ms, so every exchange tha
 for another process waits 10 ms or more (the DTensor demo on a FileStore: ~10 ms per batch,
 9.9 % input wait with the check on; on a TCPStore the same wait is 0.2 ms).
 
-A stream is a sequence of exchanges that every process makes in the same order: by default the
+A channel is a sequence of exchanges that every process makes in the same order: by default the
 calling thread's (its name: ``MainThread`` is the program's), or a named one. A loader's epoch
-gets a stream of its own (``open_stream``: named by an exchange in program order, alike on
+gets a channel of its own (``open_channel``: named by an exchange in program order, alike on
 every process),
 so that its background thread exchanges each batch's outcome one batch ahead of the consumer
 (the store exchange is not a process-group collective: any thread may run it). When an epoch
-ends early (``end_stream``), the process writes the verdict of the stream's next exchange as
+ends early (``close_channel``), the process writes the verdict of the channel's next exchange as
 "ended by rank r", so that a process still waiting in it (or reaching it later) raises at
 once instead of after the timeout; an epoch that ran to its end deletes its keys.
 
@@ -67,7 +67,7 @@ from torchshard._core.errors import CollectiveError
 
 PREFIX = "torchshard/"
 _BAD = 1 << 32  # added to a call's arrival count by a process whose digest differed
-_ENDED = "ended"  # the verdict of a stream's exchange that another process's early end wrote
+_ENDED = "ended"  # the verdict of a channel's exchange that another process's early end wrote
 _SLOTS = 4  # the digest and count keys of a thread's calls are reused in a ring of this size
 GRACE = 2.0  # seconds a process whose collective failed waits for the others to report
 
@@ -106,9 +106,9 @@ class _Session:
         # init_process_group) must not be read as this one's: every process counts itself in.
         generation = (store.add(PREFIX + "generation", 1) - 1) // self.world
         self.prefix = f"{PREFIX}{generation}/"
-        self.seq: dict[str, int] = {}  # per stream (calling thread's name): calls entered
-        self.exchanges: dict[str, int] = {}  # per stream: exchanges begun (the slot ring's)
-        # per stream: the call numbers of the last two exchanges (the older one's keys are the
+        self.seq: dict[str, int] = {}  # per channel (calling thread's name): calls entered
+        self.exchanges: dict[str, int] = {}  # per channel: exchanges begun (the slot ring's)
+        # per channel: the call numbers of the last two exchanges (the older one's keys are the
         # next exchange's to delete)
         self.previous: dict[str, tuple[int, int]] = {}
         self.bad: set[str] = set()  # calls whose digests differed (their descriptions to delete)
@@ -123,32 +123,32 @@ class _Session:
             store = self.local.store = default_store().clone()
         return store
 
-    def enter(self, what: str, stream: str | None = None) -> tuple[str, int]:
-        """Records this process's arrival at the next call of ``stream`` (default: the calling
+    def enter(self, what: str, channel: str | None = None) -> tuple[str, int]:
+        """Records this process's arrival at the next call of ``channel`` (default: the calling
         thread's)."""
-        if stream is None:
-            stream = threading.current_thread().name
+        if channel is None:
+            channel = threading.current_thread().name
         with self.lock:
-            n = self.seq[stream] = self.seq.get(stream, 0) + 1
-        self.store.set(f"{self.prefix}at/{stream}/{self.rank}", f"{n}\t{what}")
-        return stream, n
+            n = self.seq[channel] = self.seq.get(channel, 0) + 1
+        self.store.set(f"{self.prefix}at/{channel}/{self.rank}", f"{n}\t{what}")
+        return channel, n
 
     def begin(
-        self, what: str, items: Sequence[str], stream: str | None = None
+        self, what: str, items: Sequence[str], channel: str | None = None
     ) -> Callable[[], list[list[str]] | None]:
         """Starts the exchange of ``[what, *items]`` (two short round trips, no waiting) and
         returns its end: every process's ``[what, *items]`` when they differ, ``None`` when
         they agree. The end must be called (on every process, on the thread that began it),
-        also when the caller's own work in between failed. A thread may begin the stream's next
+        also when the caller's own work in between failed. A thread may begin the channel's next
         exchange before ending this one, but not a third before ending this one: the ends are
         called in order, at most one exchange outstanding."""
         store, world = self.store, self.world
-        stream, n = self.enter(what, stream)
-        key = f"{self.prefix}{stream}/{n}/"
-        x = self.exchanges[stream] = self.exchanges.get(stream, 0) + 1
-        last_two = self.previous.get(stream, (0, 0))
-        prev, self.previous[stream] = last_two[0], (last_two[1], n)
-        slot = f"{self.prefix}{stream}/slot{x % _SLOTS}/"
+        channel, n = self.enter(what, channel)
+        key = f"{self.prefix}{channel}/{n}/"
+        x = self.exchanges[channel] = self.exchanges.get(channel, 0) + 1
+        last_two = self.previous.get(channel, (0, 0))
+        prev, self.previous[channel] = last_two[0], (last_two[1], n)
+        slot = f"{self.prefix}{channel}/slot{x % _SLOTS}/"
         mine = [what, *items]
         code = str(digest(mine))
         try:
@@ -161,19 +161,19 @@ class _Session:
                 # verdict: a process begins the exchange after next only after reading this
                 # verdict, and the store applies one connection's requests in order. Neither
                 # waits.
-                nxt = f"{self.prefix}{stream}/slot{(x + 2) % _SLOTS}/"
+                nxt = f"{self.prefix}{channel}/slot{(x + 2) % _SLOTS}/"
                 verdict = "bad" if count >= _BAD else "ok"
                 store.multi_set([nxt + "d", nxt + "n", key + "done"], ["", "0", verdict])
         except Exception as e:
             if is_comm_error(e):
-                raise self.failed(stream, n, what, e) from None
+                raise self.failed(channel, n, what, e) from None
             raise
 
         def end() -> list[list[str]] | None:
             try:
                 if last:
                     verdict = "bad" if count >= _BAD else "ok"
-                    self._forget(f"{self.prefix}{stream}/{prev}/")
+                    self._forget(f"{self.prefix}{channel}/{prev}/")
                 else:
                     verdict = store.get(key + "done").decode()
                 if verdict == "ok":
@@ -184,7 +184,7 @@ class _Session:
                     blobs = [store.get(f"{key}desc/{q}") for q in range(world)]
             except Exception as e:
                 if is_comm_error(e):
-                    raise self.failed(stream, n, what, e) from None
+                    raise self.failed(channel, n, what, e) from None
                 raise
             if verdict.startswith(_ENDED):
                 raise self.ended(what, verdict)
@@ -205,7 +205,7 @@ class _Session:
 
     def ended(self, what: str, verdict: str) -> CollectiveError:
         """The error of an exchange whose verdict another process wrote when its epoch ended
-        early (``end_stream``): ``"ended <rank> <batches taken>"``."""
+        early (``close_channel``): ``"ended <rank> <batches taken>"``."""
         _, rank, taken = verdict.split()
         return CollectiveError(
             f"{what}: rank {rank} ended this GlobalBatchLoader epoch after taking {taken} "
@@ -215,28 +215,28 @@ class _Session:
             "steps), or give every process a source of the same length."
         )
 
-    def open_stream(self, what: str) -> tuple[str, list[list[str]] | None]:
-        """An exchange of ``what`` on the calling thread's stream, and the name of a new stream
+    def open_channel(self, what: str) -> tuple[str, list[list[str]] | None]:
+        """An exchange of ``what`` on the calling thread's channel, and the name of a new channel
         made by it: ``<thread>.loader<n>``, ``n`` that exchange's call number, which is the
         same on every process whose exchange paired with this one (else ``what`` differs, and
         the caller raises). Returns the name and the exchange's result."""
         caller = threading.current_thread().name
-        end = self.begin(what, ["a new stream"], caller)
+        end = self.begin(what, ["a new channel"], caller)
         with self.lock:
             n = self.seq[caller]
         return f"{caller}.loader{n}", end()
 
-    def end_stream(self, stream: str, *, finished: bool, taken: int) -> None:
-        """The end of a named stream, once no thread of this process runs its calls any more.
+    def close_channel(self, channel: str, *, finished: bool, taken: int) -> None:
+        """The end of a named channel, once no thread of this process runs its calls any more.
         ``finished``: its last exchange ended it on every process (a loader's end of data):
         its keys are deleted by the last process to get here. Else the next exchange's verdict
         is written as ended by this rank (``taken``: the batches its consumer took), which a
-        process waiting in that exchange reads at once; the stream's few keys stay."""
+        process waiting in that exchange reads at once; the channel's few keys stay."""
         with self.lock:
-            n = self.seq.pop(stream, 0)
-            self.exchanges.pop(stream, None)
-            last_two = self.previous.pop(stream, (0, 0))
-        base = f"{self.prefix}{stream}/"
+            n = self.seq.pop(channel, 0)
+            self.exchanges.pop(channel, None)
+            last_two = self.previous.pop(channel, (0, 0))
+        base = f"{self.prefix}{channel}/"
         store = self.store
         try:
             if not finished:
@@ -246,7 +246,7 @@ class _Session:
                 return
             keys = [f"{base}slot{k}/{v}" for k in range(_SLOTS) for v in ("d", "n")]
             keys += [f"{base}{k}/done" for k in last_two if k] + [base + "fin"]
-            keys += [f"{self.prefix}at/{stream}/{q}" for q in range(self.world)]
+            keys += [f"{self.prefix}at/{channel}/{q}" for q in range(self.world)]
             for k in keys:
                 store.delete_key(k)
         except Exception as e:
@@ -254,33 +254,34 @@ class _Session:
                 return
             raise
 
-    def where_is(self, stream: str, q: int) -> tuple[int, str] | None:
-        k = f"{self.prefix}at/{stream}/{q}"
+    def where_is(self, channel: str, q: int) -> tuple[int, str] | None:
+        k = f"{self.prefix}at/{channel}/{q}"
         if not self.store.check([k]):
             return None
         seq, _, what = self.store.get(k).decode().partition("\t")
         return int(seq), what
 
-    def failed(self, stream: str, n: int, what: str, error: BaseException) -> CollectiveError:
+    def failed(self, channel: str, n: int, what: str, error: BaseException) -> CollectiveError:
         """The error of call ``n`` (``what``) whose collective failed with ``error``: it names
         the ranks that are not in the call, or that did not report within ``GRACE``."""
         cause = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         timed_out = "timeout" in cause.lower() or "timed out" in cause.lower()
         head = (
-            f"{what}: torchshard's collective (call #{n} of thread {stream!r} on rank {self.rank}) "
+            f"{what}: torchshard's collective (call #{n} of thread {channel!r} on rank "
+            f"{self.rank}) "
             + (f"timed out after {self.timeout:g} s" if timed_out else f"failed ({cause})")
         )
         try:
-            fail = f"{self.prefix}fail/{stream}/{n}/"
+            fail = f"{self.prefix}fail/{channel}/{n}/"
             self.store.set(f"{fail}{self.rank}", "")
             absent, elsewhere = [], []
             for q in range(self.world):
                 if q == self.rank:
                     continue
-                at = self.where_is(stream, q)
+                at = self.where_is(channel, q)
                 if at is None:
                     absent.append(
-                        f"rank {q} (no torchshard call yet on a thread named {stream!r}: calls "
+                        f"rank {q} (no torchshard call yet on a thread named {channel!r}: calls "
                         "are matched by the calling thread's name, so the threads making the "
                         "same calls must have the same name on every process)"
                     )
@@ -294,7 +295,7 @@ class _Session:
                     if quiet:
                         time.sleep(0.05)
                 for q in quiet:
-                    if self.where_is(stream, q) == (n, what):
+                    if self.where_is(channel, q) == (n, what):
                         absent.append(f"rank {q} (it entered the call, then stopped answering)")
         except Exception as e:  # noqa: BLE001 -- the store is gone: so is the rank hosting it
             return CollectiveError(
@@ -341,8 +342,8 @@ def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
     s = session()
     if s is None:
         return None
-    stream, n = s.enter(what)
-    key = f"{s.prefix}{stream}/{n}/all/"
+    channel, n = s.enter(what)
+    key = f"{s.prefix}{channel}/{n}/all/"
     store = s.store
     try:
         store.set(f"{key}{s.rank}", json.dumps(list(items)))
@@ -353,42 +354,42 @@ def gather_all(what: str, items: Sequence[str]) -> list[list[str]] | None:
             store.delete_key(key + "read")
     except Exception as e:
         if is_comm_error(e):
-            raise s.failed(stream, n, what, e) from None
+            raise s.failed(channel, n, what, e) from None
         raise
     return every
 
 
 def begin(
-    what: str, items: Sequence[str], stream: str | None = None
+    what: str, items: Sequence[str], channel: str | None = None
 ) -> Callable[[], list[list[str]] | None]:
     """``exchange`` in two halves, so that work that runs no collective (DTensor's
     ``from_local``) overlaps the wait for the other processes: ``begin`` returns the end."""
     s = session()
-    return _NOTHING if s is None else s.begin(what, items, stream)
+    return _NOTHING if s is None else s.begin(what, items, channel)
 
 
 def _NOTHING() -> None:
     return None
 
 
-def exchange(what: str, items: Sequence[str], stream: str | None = None) -> list[list[str]] | None:
+def exchange(what: str, items: Sequence[str], channel: str | None = None) -> list[list[str]] | None:
     """Every process's ``[what, *items]`` when some differ, ``None`` when all agree (and on one
-    process), on ``stream`` (default: the calling thread's). Raises ``CollectiveError`` naming
-    the ranks that did not answer in time, or the rank whose epoch ended (a named stream)."""
-    return begin(what, items, stream)()
+    process), on ``channel`` (default: the calling thread's). Raises ``CollectiveError`` naming
+    the ranks that did not answer in time, or the rank whose epoch ended (a named channel)."""
+    return begin(what, items, channel)()
 
 
-def open_stream(what: str) -> tuple[str, list[list[str]] | None] | None:
-    """``_Session.open_stream`` (``None`` on one process); call it in program order."""
+def open_channel(what: str) -> tuple[str, list[list[str]] | None] | None:
+    """``_Session.open_channel`` (``None`` on one process); call it in program order."""
     s = session()
-    return None if s is None else s.open_stream(what)
+    return None if s is None else s.open_channel(what)
 
 
-def end_stream(stream: str, *, finished: bool, taken: int) -> None:
-    """Ends a named stream (``_Session.end_stream``)."""
+def close_channel(channel: str, *, finished: bool, taken: int) -> None:
+    """Ends a named channel (``_Session.close_channel``)."""
     s = session()
     if s is not None:
-        s.end_stream(stream, finished=finished, taken=taken)
+        s.close_channel(channel, finished=finished, taken=taken)
 
 
 @contextlib.contextmanager
@@ -399,12 +400,12 @@ def guarded(what: str) -> Iterator[None]:
     if s is None:
         yield
         return
-    stream, n = s.enter(what)
+    channel, n = s.enter(what)
     try:
         yield
     except Exception as e:
         if is_comm_error(e):
-            raise s.failed(stream, n, what, e) from e
+            raise s.failed(channel, n, what, e) from e
         raise
 
 

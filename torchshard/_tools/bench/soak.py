@@ -87,7 +87,7 @@ def run(report: Report) -> None:
         total.item()
     end_rss = _rss_mb()
     left = _loader_threads()
-    from torchshard.data import _threads
+    from torchshard.data._loader import threads as _threads
 
     time.sleep(_threads.PARK_SECONDS + 0.5)  # the last epoch's parked thread expires
     parked = [t for t in threading.enumerate() if t.name == _threads.PARKED_NAME]

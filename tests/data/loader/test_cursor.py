@@ -1,4 +1,4 @@
-"""The consumer's position in a loader's sources (torchshard.data._position): a ``Cursor`` per
+"""The consumer's position in a loader's sources (torchshard.data._loader.cursor): a ``Cursor`` per
 epoch moves as batches are taken and starts over at the end; through a loader, an epoch that
 was replaced no longer moves the loader's position."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import torchshard as ts
-from torchshard.data._position import Cursor
+from torchshard.data._loader.cursor import Cursor
 
 
 def test_a_cursor_advances_per_batch_and_keeps_the_sources_state():

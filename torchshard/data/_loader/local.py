@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchshard._step.local_views import to_local
-from torchshard.data._epoch import Epoch
+from torchshard.data._loader.epoch import Epoch
 
 
 class LocalEpoch(Iterator[Any]):

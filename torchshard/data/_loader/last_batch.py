@@ -1,5 +1,5 @@
-"""The end of data: what a ``GlobalBatchLoader`` does when its sources run out unevenly
-(``last_batch=``).
+"""``last_batch=``: what a ``GlobalBatchLoader`` does when its sources run out unevenly (the end
+of data).
 
 - ``"error"``: every process raises at the batch where the processes' sources disagree (a short
   batch, or one process's source ending first).
@@ -10,10 +10,11 @@
   process's source has ended: the same number of steps and the same shapes everywhere.
 
 Here: padding a host batch (``Template``), the per-batch status a process tells the others
-(``rows_status``, ``END``, ``EMPTY``), and the decision every process takes from all statuses
-(``settle``). Deciding needs every process's status: the loader's consumer exchanges it at each
-batch (the DTensor backend's bounded store exchange), also with the agreement check off; under
-``virtual_hosts`` the producer sees every host's source itself.
+(``rows_status``, ``ENDED``, ``ENDED_EMPTY``), and the decision every process takes from all
+statuses (``settle``). Deciding needs every process's status: the producer exchanges it at each
+batch on the epoch's channel (``exchanges.py``; the DTensor backend's bounded exchange), also
+with the agreement check off; under ``virtual_hosts`` the producer sees every host's source
+itself.
 """
 
 from __future__ import annotations
@@ -24,18 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchshard._core.agreement import END as END_OF_SOURCE
-from torchshard._core.agreement import disagreement, outcome_disagreement
+from torchshard._core.agreement import END_OF_DATA, disagreement, outcome_disagreement
 from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths, unflatten
-from torchshard.data._batch_check import leaf_specs
+from torchshard.data._loader.batch_check import leaf_specs
 
 POLICIES = ("error", "drop", "pad")
-END = "end"  # this process's sources have ended (at this batch or before)
-EMPTY = "empty"  # ended before the first batch: nothing to pad with
+ENDED = "ended"  # this process's sources have ended (at this batch or before)
+ENDED_EMPTY = "ended empty"  # they ended before the first batch: nothing to pad with
 _ROWS = "rows "
 
 
@@ -172,20 +172,20 @@ def settle(
         simple = [
             list(e)
             if e[0].startswith("a failure")
-            else [END_OF_SOURCE]
-            if e[0] in (END, EMPTY)
+            else [END_OF_DATA]
+            if e[0] in (ENDED, ENDED_EMPTY)
             else ["structure (a batch)"]
             for e in every
         ]
         raise outcome_disagreement(what, simple, where)
     statuses = [e[0] for e in every]
     rows = [rows_of_status(s) for s in statuses]
-    ended = [s in (END, EMPTY) for s in statuses]
+    ended = [s in (ENDED, ENDED_EMPTY) for s in statuses]
     if policy == "drop" and any(ended):
         return True, rows
     if all(ended):
         return True, rows
-    empty = [p for p, s in enumerate(statuses) if s == EMPTY]
+    empty = [p for p, s in enumerate(statuses) if s == ENDED_EMPTY]
     if empty:
         raise ProcessDisagreementError(
             at(

@@ -1,4 +1,4 @@
-"""GlobalBatchLoader(..., local=True) (torchshard.data._local): on torch_xla the batches are
+"""GlobalBatchLoader(..., local=True) (torchshard.data._loader.local): on torch_xla the batches are
 unchanged (its SPMD step takes global tensors); the DTensor side, on gloo processes, is in
 tests/cross/test_stacks.py (local blocks equal to a DistributedSampler feed, the checks run on
 the global batch)."""

@@ -1,9 +1,12 @@
-"""Daemon threads reused from one prefetch stream to the next (standard library only).
+"""The loader's daemon threads, reused from one prefetcher's run to the next (standard library
+only).
 
-A ``ReusedThread`` runs one job at a time. When a job ends with its stream finished (the
-source ran out, or failed), the thread is *parked*: it waits up to ``PARK_SECONDS`` for the next
-stream to adopt it (``run_job``), and exits if none does. A job stopped from outside (``close()``
-mid-stream, an abandoned iterator) retires its worker instead, so that ``close()`` can join it.
+A ``ReusedThread`` runs one job at a time (a ``Prefetcher``'s run, ``prefetch.py``). When a job
+returns ``True`` (its run *ended* by itself: the source ran out, or failed), the thread is
+*parked*: it waits up to ``PARK_SECONDS`` for the next job to adopt it (``run_job``), and exits
+if none does. A job that returns ``False`` (its run was *retired*: closed from outside, by
+``close()`` mid-epoch or an abandoned iterator's finaliser) ends its thread, so that ``close()``
+can join it.
 
 Why: glibc gives each thread a malloc arena, and once every arena exists (``8 x cores``, soon
 reached next to torch_xla's threads) a new thread takes the next arena in turn. A new thread
@@ -12,16 +15,12 @@ high-water mark, while the memory in use stayed flat: 16 epochs of 250 batches g
 +56 to +135 MB (0.5 MB batches; ~100 MB over 11 epochs of 2 MiB ones). On one thread across
 epochs: -6 to +17 MB (docs/design.md, "Memory over epochs").
 
-A parked worker holds nothing of the stream it ran (the job is dropped before parking; the
-first job is not a ``Thread`` argument, which ``Thread`` would keep) and is named
-``PARKED_NAME`` while it waits.
+A parked worker holds nothing of the run it made (the job is dropped before parking; the first
+job is not a ``Thread`` argument, which ``Thread`` would keep) and is named ``PARKED_NAME`` while
+it waits.
 
-At interpreter exit, ``shutdown`` (called by ``_prefetch``'s exit hook, registered with
-``threading``, once it has stopped the streams) ends the parked workers and joins every worker
-for a bounded time. A daemon thread still running once the interpreter finalizes is killed
-when it next takes the GIL; inside torch's C++ (a tensor freed as a job's frame is cleared, a
-store write) that kill aborts the process ("terminate called without an active exception",
-exit -6: 5 demo runs in 42 under load, before this hook).
+The pool owns its state (the parked and the running workers); process exit (``exit.py``) closes
+it (``close_pool``) and joins what still runs, and a forked child forgets it.
 """
 
 from __future__ import annotations
@@ -29,10 +28,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 
-PARK_SECONDS = 1.0  # how long a finished stream's thread waits to be adopted by the next one
+PARK_SECONDS = 1.0  # how long a parked thread waits to be adopted by the next job
 PARKED_NAME = "torchshard-parked"
 
 # A job runs on the thread and returns whether the thread may park (False: it exits).
@@ -46,7 +44,7 @@ class _Pool:
         self.lock = threading.Lock()
         self.parked: list[ReusedThread] = []
         self.running: set[ReusedThread] = set()  # every worker started and not yet ended
-        self.closing = False  # shutdown() began: no worker parks any more
+        self.closing = False  # close_pool() ran (the process exits): no worker parks any more
 
     def forget(self) -> None:
         """In a forked child: none of the parent's threads exist (and the lock may be held)."""
@@ -75,7 +73,7 @@ class ReusedThread:
                     park = job()
                 except BaseException:  # noqa: BLE001 - thread boundary; jobs report their own
                     park = False
-                job = None  # a parked worker keeps nothing of the stream it ran
+                job = None  # a parked worker keeps nothing of the run it made
                 if park:
                     job = self._park()
         finally:
@@ -117,25 +115,19 @@ def run_job(job: Job, *, name: str) -> threading.Thread:
     return worker.thread
 
 
-def shutdown(timeout: float) -> list[threading.Thread]:
-    """Ends the parked workers and waits at most ``timeout`` seconds in all for every worker
-    to end (their jobs must have been told to stop); returns the threads still running. For
-    interpreter exit: afterwards no worker parks, and new jobs still run."""
+def close_pool() -> list[threading.Thread]:
+    """Ends the parked workers, lets no worker park from now on (new jobs still run, each on a
+    thread that then ends), and returns the threads of the workers still running a job. For
+    process exit (``exit.py``), which joins them."""
     with _POOL.lock:
         _POOL.closing = True
         for worker in _POOL.parked:
             worker.jobs.put(None)
         _POOL.parked.clear()
-        workers = list(_POOL.running)
-    end = time.monotonic() + timeout
-    current = threading.current_thread()
-    for worker in workers:
-        if worker.thread is not current:
-            worker.thread.join(timeout=max(0.0, end - time.monotonic()))
-    return [w.thread for w in workers if w.thread.is_alive()]
+        return [w.thread for w in _POOL.running]
 
 
 def parked_threads() -> list[threading.Thread]:
-    """The threads parked now (for tests and the soak bench)."""
+    """The threads parked now (for tests and the soak benchmark)."""
     with _POOL.lock:
         return [w.thread for w in _POOL.parked]

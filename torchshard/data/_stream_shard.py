@@ -1,5 +1,4 @@
-"""Streams split over processes and DataLoader workers: ``stream_shard``, and the check that a
-DataLoader's workers do not all read the same stream (``EchoCheck``).
+"""Streams split over processes and DataLoader workers: ``stream_shard``.
 
 A stream (an ``IterableDataset``, an HF ``datasets`` stream, a webdataset pipeline) has no
 sampler: each copy of it must skip to its own shard. ``stream_shard`` says which: this process's
@@ -16,23 +15,20 @@ starts workers).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
 import numpy as np
-import torch
 import torch.utils.data
 
 from torchshard._core.context import current_mesh, thread_mesh
-from torchshard._core.errors import NoMeshError, ShardingError
+from torchshard._core.errors import NoMeshError
 from torchshard._core.mesh import Mesh as MeshValue
 from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to_spec
 from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.topology import Topology
-from torchshard._core.tree import flatten
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 
@@ -141,56 +137,3 @@ def stream_shard(partition: Any = None, *, mesh: Mesh | None = None) -> tuple[in
     )
     record_for_workers(m, topology)
     return index, count
-
-
-# -- DataLoader workers that all read the same stream -------------------------------------------
-
-
-def stream_workers(source: Any) -> int:
-    """The worker processes of a DataLoader over a stream (``IterableDataset``), else 0."""
-    dataset = getattr(source, "dataset", None)
-    workers = getattr(source, "num_workers", 0)
-    if isinstance(dataset, torch.utils.data.IterableDataset) and isinstance(workers, int):
-        return workers if workers > 1 else 0
-    return 0
-
-
-def _digest(tree: Any) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    leaves, treespec = flatten(tree)
-    h.update(str(treespec).encode())
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            x = x.detach().cpu().contiguous()
-            h.update(f"{tuple(x.shape)} {x.dtype}".encode())
-            if x.numel():
-                h.update(x.reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(x, np.ndarray):
-            h.update(f"{x.shape} {x.dtype}".encode())
-            h.update(np.ascontiguousarray(x).tobytes())
-        else:
-            h.update(repr(x).encode())
-    return h.hexdigest()
-
-
-def echo_error(
-    batches: list[Any], workers: int, *, host: int | None, batch: int
-) -> ShardingError | None:
-    """The error when a DataLoader's ``workers`` yielded the same first batch (its first
-    ``workers`` batches come one from each worker, in order), else ``None``."""
-    if len(batches) < 2:
-        return None
-    digests = [_digest(b) for b in batches]
-    if len(set(digests)) == len(digests):
-        return None
-    same = [w for w, d in enumerate(digests) if digests.count(d) > 1]
-    name = "the DataLoader" if host is None else f"host {host}'s DataLoader"
-    return ShardingError(
-        f"GlobalBatchLoader: batch {batch}: {name} has {workers} worker processes over a stream "
-        f"(IterableDataset), and workers {same} yielded the same first batch: each of them reads "
-        "the whole stream, so its examples would come several times. Split the stream by worker "
-        "inside the dataset's __iter__: index, count = torchshard.stream_shard() (over the "
-        "processes and the workers) and read shard index of count (HF datasets: "
-        "split_dataset_by_node(ds, rank=index, world_size=count) in the main process; datasets "
-        "splits by worker itself)."
-    )

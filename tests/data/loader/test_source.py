@@ -1,4 +1,4 @@
-"""The DataLoader protocol of GlobalBatchLoader (torchshard.data._source): ``sampler``,
+"""The DataLoader protocol of GlobalBatchLoader (torchshard.data._loader.source): ``sampler``,
 ``batch_sampler`` and ``dataset`` are the source's (``None`` where it has none), and
 ``set_epoch`` reaches the source's sampler (or the source), so a new epoch has a new order.
 No mesh is needed for any of them."""

@@ -1,5 +1,5 @@
-"""Checks on a stream of host batches (torchshard.data._batch_check): the same structure, shapes
-and dtypes in every batch, and an indivisible batch turned into an error that says which
+"""Checks on a stream of host batches (torchshard.data._loader.batch_check): the same structure,
+shapes and dtypes in every batch, and an indivisible batch turned into an error that says which
 dispatcher setting fixes it; through the loader, and BatchChecker and the helpers directly."""
 
 import re
@@ -10,7 +10,7 @@ import torch
 from data_helpers import FakeDispatcher
 
 import torchshard as ts
-from torchshard.data._batch_check import BatchChecker, host_nbytes, indivisible_error
+from torchshard.data._loader.batch_check import BatchChecker, host_nbytes, indivisible_error
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
 

@@ -1,9 +1,9 @@
-"""The end of data (torchshard.data._ends): ``last_batch="error"|"drop"|"pad"`` over sources that
-run out unevenly (map-style shards whose length does not divide, streams whose per-process
-lengths differ), on torch_xla (one process, and virtual hosts) and on real gloo processes: the
-same number of steps everywhere, mask values against a numpy oracle, an evaluation weighted by
-the mask counting every example once, the dropped examples counted, no recompilation at the
-epoch's end; and the pure parts (padding, the decision every process takes)."""
+"""The end of data (torchshard.data._loader.last_batch): ``last_batch="error"|"drop"|"pad"`` over
+sources that run out unevenly (map-style shards whose length does not divide, streams whose
+per-process lengths differ), on torch_xla (one process, and virtual hosts) and on real gloo
+processes: the same number of steps everywhere, mask values against a numpy oracle, an evaluation
+weighted by the mask counting every example once, the dropped examples counted, no recompilation at
+the epoch's end; and the pure parts (padding, the decision every process takes)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 import torchshard as ts
-from torchshard.data._ends import END, Template, check_policy, rows_status, settle
+from torchshard.data._loader.last_batch import ENDED, Template, check_policy, rows_status, settle
 
 CASES = "_loader_cases:"
 
@@ -108,9 +108,9 @@ def test_a_template_takes_the_batch_size_of_the_source():
 def test_settle_is_the_same_decision_on_every_process():
     where = lambda i: f"leaf {i}"  # noqa: E731
     go = [rows_status(4), "structure s", "(4,) int64"]
-    end = [END]
+    end = [ENDED]
     assert settle("pad", [go, go], what="b", where=where) == (False, [4, 4])
-    assert settle("pad", [go, [END, "structure s", "(4,) int64"]], what="b", where=where) == (
+    assert settle("pad", [go, [ENDED, "structure s", "(4,) int64"]], what="b", where=where) == (
         False,
         [4, 0],
     )

@@ -1,8 +1,8 @@
-"""A loader's checkpoint (torchshard.data._state): the snapshot is a deep copy taken after the
-batch it describes, whatever the source (a StatefulDataLoader over a dataset whose state is a
-live list, torchdata.nodes, a grain-style get_state()/set_state() iterator, DataLoader workers);
-loading never asks the source for its state; a resume equals the uninterrupted run with a step
-slower than a batch read, the state pickled late; the layout's keys and errors."""
+"""A loader's checkpoint (torchshard.data._loader.checkpoint): the snapshot is a deep copy taken
+after the batch it describes, whatever the source (a StatefulDataLoader over a dataset whose state
+is a live list, torchdata.nodes, a grain-style get_state()/set_state() iterator, DataLoader
+workers); loading never asks the source for its state; a resume equals the uninterrupted run with a
+step slower than a batch read, the state pickled late; the layout's keys and errors."""
 
 import pickle
 import re
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import torchshard as ts
-from torchshard.data import _state
+from torchshard.data._loader import checkpoint
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
 
@@ -281,14 +281,14 @@ def test_a_stream_saved_on_more_hosts_cannot_be_split_again(mesh8):
 
 def test_capture_copies_and_restore_loads_either_protocol():
     source = Packing()
-    state = _state.capture(source)
+    state = checkpoint.capture(source)
     assert state == {"doc": 0, "buffer": []} and state["buffer"] is not source.buffer
     grain_like = GrainLike()
-    _state.restore(grain_like, {"position": 5})
+    checkpoint.restore(grain_like, {"position": 5})
     assert grain_like.pos == 5
-    assert _state.stateful(grain_like) and _state.stateful(source)
-    assert not _state.stateful([1, 2])
-    assert _state.capture([1, 2]) is None
+    assert checkpoint.stateful(grain_like) and checkpoint.stateful(source)
+    assert not checkpoint.stateful([1, 2])
+    assert checkpoint.capture([1, 2]) is None
 
 
 # -- resuming on another number of hosts -----------------------------------------------------

@@ -1,22 +1,31 @@
-"""What a GlobalBatchLoader's thread does per batch (torchshard.data._producer): one host batch
-from every source, the sources' snapshot, the batch checks, the dispatchers, the engine, and
-the counters; the end of the sources, together or not; each batch's outcome exchanged on the
-epoch's stream before the batch is handed over (the agreement step, with a fake backend's
-checks here; on real gloo processes in tests/backend/dtensor). A ``Producer`` is driven
-directly here, as the loader's thread drives it."""
+"""What makes each batch of a GlobalBatchLoader's epoch (torchshard.data._loader.producer): one host
+batch from every source, the sources' snapshot, the batch checks, the dispatchers, the engine, and
+the counters; the end of the sources, together or not; each batch's outcome exchanged on the epoch's
+channel before the batch is handed over (the agreement step, with a fake backend's checks here; on
+real gloo processes in tests/backend/dtensor). A ``Producer`` is driven directly here, as the
+loader's thread drives it, on a plan made by hand; the plan picks the producer's mode
+(``producer_for``)."""
 
 import re
 
 import numpy as np
 import pytest
 import torch
-from data_helpers import FakeDispatcher
+from data_helpers import FakeDispatcher, make_plan
 from helpers import xla_shards
 
 import torchshard as ts
-from torchshard.data._prefetch import LOCATED
-from torchshard.data._producer import Ended, Made, Producer, Stream, stateful
-from torchshard.data._stats import Counters
+from torchshard.data._loader.checkpoint import stateful
+from torchshard.data._loader.exchanges import Exchanges
+from torchshard.data._loader.prefetch import LOCATED
+from torchshard.data._loader.producer import (
+    EndOfData,
+    Made,
+    PipelinedProducer,
+    Producer,
+    producer_for,
+)
+from torchshard.data._loader.stats import Counters
 from torchshard.testing import global_batch_loader_per_host, virtual_hosts
 
 
@@ -49,11 +58,11 @@ class FakeChecks:
         self.calls, self.closed, self.answers = [], [], answers or {}
         self.outcomes = []  # begin_exchange's items (pipelined)
 
-    def exchange(self, mesh, items, *, what, stream=None, force=False):
-        self.calls.append((stream, what, list(items)))
+    def exchange(self, mesh, items, *, what, channel=None, force=False):
+        self.calls.append((channel, what, list(items)))
         return self.answers.get(what)
 
-    def begin_exchange(self, mesh, items, *, what, stream=None):
+    def begin_exchange(self, mesh, items, *, what, channel=None):
         self.calls.append(("begin", what))
         self.outcomes.append(list(items))
 
@@ -63,24 +72,27 @@ class FakeChecks:
 
         return end
 
-    def close_stream(self, mesh, stream, *, finished, taken):
-        self.closed.append((stream, finished, taken))
+    def close_channel(self, mesh, channel, *, finished, taken):
+        self.closed.append((channel, finished, taken))
 
 
-def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=None):
-    stream = None if agree is None else Stream(agree, mesh, "loader7")
-    return Producer(
-        [iter(s) for s in sources],
-        sources,
-        dispatchers,
-        spec,
+def _producer(sources, *, mesh, spec=DATA, dispatchers=None, first=0, agree=None, prefetch=0):
+    """A producer over ``sources`` on a plan made by hand: in place (``prefetch=0``), and with
+    the agreement exchanged on channel ``loader7`` when ``agree`` (fake checks) is given."""
+    exchanges = None if agree is None else Exchanges(agree, mesh, "loader7")
+    plan = make_plan(
         mesh,
-        Counters(),
-        first,
+        spec,
+        first=first,
         per_host=len(sources) > 1,
         explicit_partition=True,
-        stream=stream,
-        agree=stream is not None,
+        agree=exchanges is not None,
+        channel=None if exchanges is None else "loader7",
+        prefetch=prefetch,
+        full=(None,) * len(sources),
+    )
+    return producer_for(
+        plan, [iter(s) for s in sources], sources, dispatchers, Counters(), exchanges
     )
 
 
@@ -110,7 +122,7 @@ def test_each_call_makes_one_global_batch_and_counts_its_bytes(mesh8):
     assert stats.bytes == 3 * 8 * 2 * 4 and stats.transfer_seconds > 0
     with pytest.raises(StopIteration) as end:
         producer(3)
-    assert end.value.value == Ended(None)
+    assert end.value.value == EndOfData(None)
 
 
 def test_a_stateful_source_is_snapshotted_after_each_batch(mesh8):
@@ -121,7 +133,7 @@ def test_a_stateful_source_is_snapshotted_after_each_batch(mesh8):
     assert producer(1).snapshot == [{"pos": 2}]
     with pytest.raises(StopIteration) as end:
         producer(2)
-    assert end.value.value == Ended([{"pos": 2}])
+    assert end.value.value == EndOfData([{"pos": 2}])
 
 
 def test_the_dispatcher_runs_on_every_host_batch(mesh8):
@@ -137,23 +149,24 @@ def test_the_dispatcher_runs_on_every_host_batch(mesh8):
     assert dispatcher.calls == 2
 
 
-def test_each_batch_s_outcome_is_exchanged_on_the_stream_before_it_is_handed_over(mesh8):
+def test_each_batch_s_outcome_is_exchanged_on_the_channel_before_it_is_handed_over(mesh8):
     checks = FakeChecks()
     batches = [{"x": np.zeros((8, 3), np.float32)}] * 2
     producer = _producer([batches], mesh=mesh8, first=4, agree=checks)
+    assert type(producer) is Producer  # in place: each exchange at once
     made = producer(0)
     assert made.compared
-    ((stream, what, outcome),) = checks.calls
-    assert (stream, what) == ("loader7", "GlobalBatchLoader: batch 4")
+    ((channel, what, outcome),) = checks.calls
+    assert (channel, what) == ("loader7", "GlobalBatchLoader: batch 4")
     assert outcome[1:] == ["(8, 3) float32"]
     assert outcome[0].startswith("structure PyTreeSpec({'x': *}), partition P('data',)")
     producer(1)
     with pytest.raises(StopIteration) as end:
         producer(2)
     assert checks.calls[2] == ("loader7", "GlobalBatchLoader: batch 6", ["the end of the source"])
-    assert end.value.value == Ended(None) and producer.stream.finished
-    producer.stream.close()
-    producer.stream.close()  # once
+    assert end.value.value == EndOfData(None) and producer.exchanges.finished
+    producer.exchanges.close()
+    producer.exchanges.close()  # once
     assert checks.closed == [("loader7", True, 0)]
 
 
@@ -172,7 +185,7 @@ def test_outcomes_that_differ_raise_at_their_batch_before_it_is_handed_over(mesh
         "with drop_last=True)."
     )
     assert getattr(info.value, LOCATED)  # names its batch: no note naming the thread
-    assert not producer.stream.finished
+    assert not producer.exchanges.finished
 
 
 def test_a_failed_batch_exchanges_its_failure_and_keeps_its_own_error(mesh8):
@@ -194,8 +207,8 @@ def test_a_failed_batch_exchanges_its_failure_and_keeps_its_own_error(mesh8):
 
 
 def _pipelined(sources, *, mesh, checks, first=0):
-    producer = _producer(sources, mesh=mesh, agree=checks, first=first)
-    producer.background = producer.pipeline = True  # as the loader's thread runs it
+    producer = _producer(sources, mesh=mesh, agree=checks, first=first, prefetch=2)
+    assert isinstance(producer, PipelinedProducer)  # the plan of a thread, the check on
     return producer
 
 
@@ -213,10 +226,10 @@ def test_pipelined_each_exchange_ends_after_the_next_batch_is_made(mesh8):
     assert checks.outcomes[0][1:] == ["(8, 3) float32"]
     assert torch.equal(xla_shards(producer(1).batch["x"])[0][1], torch.full((1, 3), 1.0))
     assert torch.equal(xla_shards(producer(2).batch["x"])[0][1], torch.full((1, 3), 2.0))
-    assert not producer.stream.finished
+    assert not producer.exchanges.finished
     with pytest.raises(StopIteration) as end:
         producer(3)
-    assert end.value.value == Ended(None) and producer.stream.finished
+    assert end.value.value == EndOfData(None) and producer.exchanges.finished
     assert checks.calls[3:] == [
         ("begin", b(6)), ("end", b(5)),
         ("begin", b(7)), ("end", b(6)),

@@ -1,7 +1,7 @@
-"""Streams split over processes and DataLoader workers (torchshard.data._stream):
+"""Streams split over processes and DataLoader workers (torchshard.data._stream_shard):
 ``stream_shard`` from the mesh and partition (replicas share a shard; inside a worker the worker
-is included, from what the main process recorded), and the ``ShardingError`` at the first batch
-when a DataLoader's workers all read the same stream; on torch_xla and on gloo processes."""
+is included, from what the main process recorded), and a stream split with it read whole, each
+example once, through the loader; on torch_xla and on gloo processes."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import re
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import torchshard as ts
-from torchshard.data import _stream
+from torchshard.data import _stream_shard
 
 CASES = "_loader_cases:"
 
@@ -67,7 +66,7 @@ def test_inside_a_worker_of_a_virtual_host(mesh8):
 
 
 def test_a_worker_without_a_record_names_the_fix(mesh8, monkeypatch):
-    monkeypatch.delenv(_stream.WORKER_RECORD, raising=False)
+    monkeypatch.delenv(_stream_shard.WORKER_RECORD, raising=False)
     with pytest.raises(ts.errors.NoMeshError) as info:
         _answers(1)
     assert (
@@ -86,31 +85,6 @@ def test_stream_shard_needs_a_mesh_and_a_spec():
         ts.stream_shard({"x": ts.P("data")}, mesh=mesh)
 
 
-class Unsplit(IterableDataset):
-    """A stream every copy reads whole."""
-
-    def __iter__(self):
-        for i in range(32):
-            yield {"id": np.int64(i), "x": np.full(2, i, np.float32)}
-
-
-def test_workers_that_read_the_same_stream_raise_at_the_first_batch(mesh8):
-    source = DataLoader(Unsplit(), batch_size=8, num_workers=2)
-    loader = ts.GlobalBatchLoader(source, prefetch=0)
-    msg = (
-        "GlobalBatchLoader: batch 0: the DataLoader has 2 worker processes over a stream "
-        "(IterableDataset), and workers [0, 1] yielded the same first batch: each of them reads "
-        "the whole stream, so its examples would come several times. Split the stream by worker "
-        "inside the dataset's __iter__: index, count = torchshard.stream_shard() (over the "
-        "processes and the workers) and read shard index of count (HF datasets: "
-        "split_dataset_by_node(ds, rank=index, world_size=count) in the main process; datasets "
-        "splits by worker itself)."
-    )
-    with pytest.raises(ts.ShardingError) as info:
-        next(iter(loader))
-    assert str(info.value) == msg
-
-
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_a_stream_split_with_stream_shard_yields_every_example_once(mesh8, prefetch):
     from _loader_cases import Shards
@@ -119,18 +93,6 @@ def test_a_stream_split_with_stream_shard_yields_every_example_once(mesh8, prefe
     with ts.GlobalBatchLoader(source, prefetch=prefetch, partition=ts.P()) as loader:
         seen = [i for b in loader for i in ts.replicate_to_local_data(b["id"]).tolist()]
     assert sorted(seen) == list(range(32))
-
-
-def test_a_map_style_source_or_one_worker_is_not_checked():
-    assert _stream.stream_workers(DataLoader(Unsplit(), num_workers=1)) == 0
-    assert _stream.stream_workers(DataLoader(list(range(4)), num_workers=2)) == 0
-    assert _stream.stream_workers([1, 2]) == 0
-    assert _stream.stream_workers(DataLoader(Unsplit(), num_workers=2)) == 2
-    batch = {"x": torch.arange(4)}
-    assert _stream.echo_error([batch, {"x": torch.arange(4) + 1}], 2, host=None, batch=0) is None
-    assert _stream.echo_error([batch], 2, host=None, batch=0) is None  # one batch in all
-    error = _stream.echo_error([batch, batch], 2, host=1, batch=0)
-    assert "host 1's DataLoader has 2 worker processes" in str(error)
 
 
 # -- gloo processes ---------------------------------------------------------------------------
@@ -145,14 +107,3 @@ def test_gloo_processes_and_workers_split_a_stream(pools):
         assert r["got"] == results[0]["got"]
         assert r["shard"] == [rank, 2] or tuple(r["shard"]) == (rank, 2)
         assert r["after"] == (2, 2)
-
-
-def test_gloo_workers_that_read_the_same_stream_raise_on_every_process(pools):
-    results = pools(2).run(CASES + "stream_workers", split=False)
-    for r in results:
-        assert r["error"].startswith(
-            "ShardingError: GlobalBatchLoader: batch 0: the DataLoader has 2 worker processes "
-            "over a stream (IterableDataset), and workers [0, 1] yielded the same first batch"
-        )
-        assert r["got"] == []
-        assert r["after"] == (2, 2)  # every process raised at the same batch: still in step

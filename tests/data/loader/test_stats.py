@@ -1,4 +1,4 @@
-"""A loader's counters (torchshard.data._stats): ``LoaderStats``, the frozen value, and
+"""A loader's counters (torchshard.data._loader.stats): ``LoaderStats``, the frozen value, and
 ``Counters``, added to from the loader's thread and its consumer's under a lock; through a
 loader, its len() and stats."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import torchshard as ts
-from torchshard.data._stats import Counters, LoaderStats
+from torchshard.data._loader.stats import Counters, LoaderStats
 
 
 def endless():
@@ -165,7 +165,7 @@ def test_a_source_with_workers_warms_up_one_batch_per_worker(mesh8):
     """A DataLoader takes batch i from worker i % num_workers: each of the first num_workers
     batches waits for a worker's start (on DTensor with the agreement check, for the slowest
     process's), so they are the warm-up, not the input wait."""
-    from torchshard.data._stats import warmup_batches
+    from torchshard.data._loader.stats import warmup_batches
 
     assert warmup_batches([[1]]) == 1
     assert warmup_batches([_WithWorkers()]) == 3

@@ -2,16 +2,16 @@
 
 Data flow of one epoch (``iter(loader)``), see ``docs/design.md``:
 
-1. In the caller's thread: capture the mesh (``mesh=`` or the current one), resolve the
-   partition to a spec once, run the backend's set-up collectives (``ProcessChecks.prepare``), open
-   the source iterator(s) (DataLoader workers start here, in the caller's thread), and give the
-   epoch a new ``Cursor`` at the sources' current state.
-2. On the background thread (``_prefetch.Prefetcher``, mesh made current there with
-   ``thread_mesh``), per batch: the ``Producer`` (``_producer.py``) takes a free slot, pulls a
-   host batch, checks it, applies the dispatcher and calls the engine.
-   When the backend compares the processes, the producer exchanges the batch's outcome on the
-   epoch's stream of exchanges (opened here, in program order) before handing it over.
-3. The consumer's ``next()`` (``Epoch``, ``_epoch.py``) takes the global batch and its snapshot,
+1. In the caller's thread, ``iter()`` makes the epoch's plan (``plan.py``): it captures the mesh
+   (``mesh=`` or the current one), resolves the partition to a spec once, runs the backend's
+   set-up collectives and opens the epoch's channel of exchanges (in program order); then it
+   opens the source iterator(s) (DataLoader workers start here, in the caller's thread) and
+   gives the epoch a new ``Cursor`` at the sources' current state.
+2. The plan's producer (``producer.py``) makes each batch, on the loader's thread
+   (``prefetch.Prefetcher``, mesh made current there) or inside ``next()`` (``prefetch=0``):
+   it pulls a host batch, checks it, applies the dispatcher, calls the engine and, when the
+   processes compare, exchanges the batch's outcome (``exchanges.py``) before handing it over.
+3. The consumer's ``next()`` (``Epoch``, ``epoch.py``) takes the global batch and its snapshot,
    frees the slot and moves its cursor (batches consumed, the source's state after that batch),
    so ``state_dict()`` describes what the consumer has taken, not what was prefetched.
 """
@@ -22,25 +22,26 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from torchshard._backend.registry import lookup
 from torchshard._core.checks import nonnegative_int, positive_int
 from torchshard._core.context import current_mesh, thread_mesh
 from torchshard._core.errors import NoMeshError, ShardingError, at
 from torchshard._core.mesh import Mesh as MeshValue
-from torchshard._core.partition import DEFAULT_PARTITION, feed_partition
+from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.topology import Topology
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
-from torchshard.data import _state
-from torchshard.data._ends import check_policy, full_rows
-from torchshard.data._epoch import Ending, Epoch
-from torchshard.data._local import LocalEpoch
-from torchshard.data._position import Cursor
-from torchshard.data._producer import Producer, Stream
-from torchshard.data._source import forward_set_epoch, source_attribute
-from torchshard.data._stats import Counters, LoaderStats, warmup_batches
-from torchshard.data._stream import record_for_workers
+from torchshard.data._loader import checkpoint
+from torchshard.data._loader.cursor import Cursor
+from torchshard.data._loader.epoch import Closer, Epoch
+from torchshard.data._loader.exchanges import Exchanges
+from torchshard.data._loader.last_batch import check_policy
+from torchshard.data._loader.local import LocalEpoch
+from torchshard.data._loader.plan import plan_epoch
+from torchshard.data._loader.producer import producer_for
+from torchshard.data._loader.source import forward_set_epoch, source_attribute
+from torchshard.data._loader.stats import Counters, LoaderStats
+from torchshard.data._stream_shard import record_for_workers
 
 
 class GlobalBatchLoader(Iterable[Any]):
@@ -207,7 +208,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._local = local
         self._counters = Counters()
         self._epoch: weakref.ref[Epoch] | None = None
-        self._ending: Ending | None = None  # the last epoch's, to close it once abandoned
+        self._closer: Closer | None = None  # the last epoch's, to close it once abandoned
         # The consumer's position: the sources' state after the batch it took last (None:
         # never iterated) and the index in its epoch of the batch it takes next.
         self._cursor = Cursor(None, 0)
@@ -241,33 +242,24 @@ class GlobalBatchLoader(Iterable[Any]):
             )
         with thread_mesh(mesh):
             self._check_hosts(current_topology(mesh))
-            dispatcher = None if self._dispatchers is None else self._dispatchers[0]
-            spec = feed_partition(self._partition, dispatcher)
-        backend = lookup(mesh)
-        checks = backend.processes
-        if checks is not None:  # its set-up collectives run here, never on the loader's thread
-            checks.prepare(mesh)
+        samplers = checkpoint.samplers(self._sources)
+        plan = plan_epoch(
+            mesh,
+            sources=self._sources,
+            dispatchers=self._dispatchers,
+            partition=self._partition,
+            per_host=self._per_host,
+            policy=self._last_batch,
+            prefetch=self._prefetch,
+            prefetch_bytes=self._prefetch_bytes,
+            first=self._resume_at or 0,
+            samplers=samplers,
+        )
+        checks = plan.backend.processes
+        exchanges = None
+        if plan.channel is not None and checks is not None:
+            exchanges = Exchanges(checks, mesh, plan.channel)
         topology = current_topology(mesh)
-        processes = 1 if self._per_host else topology.process_count
-        exchange = self._last_batch != "error" and processes > 1
-        if exchange and checks is None:
-            raise ShardingError(
-                f"GlobalBatchLoader(last_batch={self._last_batch!r}): every process must know "
-                f"where the others' sources end, but the {backend.name!r} backend has no "
-                f"exchange between its {processes} processes outside a step. Use "
-                "last_batch='error' with sources that end together (torchshard.host_sampler "
-                "with drop_last=True), or the DTensor backend."
-            )
-        first = self._resume_at or 0
-        agree = len(self._sources) == 1 and checks is not None and checks.compares(mesh)
-        stream = None
-        if checks is not None and (agree or exchange):
-            # The epoch's exchanges of each batch's outcome, named in program order; one
-            # exchange here, on this thread, finds processes that are out of step at once.
-            name = checks.open_stream(
-                mesh, what=f"GlobalBatchLoader: iter() from batch {first}", force=exchange
-            )
-            stream = None if name is None else Stream(checks, mesh, name)
         its = []
         with thread_mesh(mesh):  # DataLoader workers start here, in this thread
             for h, s in enumerate(self._sources):
@@ -275,45 +267,24 @@ class GlobalBatchLoader(Iterable[Any]):
                 its.append(iter(s))
         consumed = self._resume_consumed if self._resume_at is not None else None
         self._resume_at, self._resume_consumed = None, 0
-        samplers = _state.samplers(self._sources)
         if consumed is None:
             consumed = samplers[0].start if samplers else 0
-        producer = Producer(
-            its,
-            self._sources,
-            self._dispatchers,
-            spec,
-            mesh,
-            self._counters,
-            first,
-            per_host=self._per_host,
-            explicit_partition=self._partition is not DEFAULT_PARTITION,
-            stream=stream,
-            agree=agree,
-            policy=self._last_batch,
-            exchange=exchange,
-            full=[full_rows(s) for s in self._sources],
-            processes=processes,
+        producer = producer_for(
+            plan, its, self._sources, self._dispatchers, self._counters, exchanges
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
-        self._cursor = Cursor(producer.snapshot(), first, consumed)
+        self._cursor = Cursor(producer.snapshot(), plan.first, consumed)
         self._last_mesh = mesh
-        share = None
-        if samplers:
-            share = (samplers[0].num_replicas, processes * len(self._sources))
         epoch = Epoch(
+            plan,
             producer,
-            self._prefetch,
             counters=self._counters,
             cursor=self._cursor,
-            processes=processes,
-            share=share,
+            exchanges=exchanges,
             samplers=samplers,
-            prefetch_bytes=self._prefetch_bytes,
-            warmup=warmup_batches(self._sources),
         )
         self._epoch = weakref.ref(epoch)
-        self._ending = epoch.ending
+        self._closer = epoch.closer
         return LocalEpoch(epoch) if self._local else epoch
 
     def _check_hosts(self, topology: Topology) -> None:
@@ -334,13 +305,10 @@ class GlobalBatchLoader(Iterable[Any]):
         raises naming it (``None``: ``close()``, after which it just stops)."""
         epoch = self._epoch() if self._epoch is not None else None
         if epoch is not None:
-            if by is None:
-                epoch.close(timeout)
-            else:
-                epoch.end(by)
-        elif self._ending is not None:  # abandoned: its finaliser only told the thread to stop
-            self._ending.close(timeout)
-        self._ending = None
+            epoch.close(timeout, by=by)
+        elif self._closer is not None:  # abandoned: its finaliser only retired the thread
+            self._closer.close(timeout)
+        self._closer = None
 
     def close(self, *, timeout: float | None = None) -> None:
         """Stops the current epoch's thread and frees its queued batches (idempotent); after a
@@ -414,12 +382,12 @@ class GlobalBatchLoader(Iterable[Any]):
         topology = current_topology(mesh)
         return topology.process_index, topology.process_count, topology.process_count
 
-    def _position(self) -> _state.Position | None:
-        samplers = _state.samplers(self._sources)
+    def _position(self) -> checkpoint.Position | None:
+        samplers = checkpoint.samplers(self._sources)
         if samplers is None:
             return None
         s = samplers[0]
-        return _state.Position(epoch=s.epoch, consumed=self._cursor.consumed, **s.identity())
+        return checkpoint.Position(epoch=s.epoch, consumed=self._cursor.consumed, **s.identity())
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the consumer, taken now: a snapshot nothing changes afterwards.
@@ -447,7 +415,7 @@ class GlobalBatchLoader(Iterable[Any]):
         process, processes, hosts = self._where()
         snapshot = self._cursor.snapshot
         states = list(snapshot) if snapshot is not None else [None] * len(self._sources)
-        return _state.build(
+        return checkpoint.build(
             process=process,
             per_host=self._per_host,
             sources=self._sources,
@@ -486,8 +454,8 @@ class GlobalBatchLoader(Iterable[Any]):
         """
         self._require_checkpointable("load_state_dict")
         process, processes, hosts = self._where()
-        samplers = _state.samplers(self._sources)
-        loaded = _state.parse(
+        samplers = checkpoint.samplers(self._sources)
+        loaded = checkpoint.parse(
             state_dict,
             process=process,
             per_host=self._per_host,
@@ -501,7 +469,7 @@ class GlobalBatchLoader(Iterable[Any]):
                 "any number of hosts."
             ),
         )
-        key = _state.process_key(process)
+        key = checkpoint.process_key(process)
         name = "sources" if self._per_host else "source"
         # A state of the same kind as this loader's own last snapshot (never the source's own:
         # asking a fresh source for its state can disturb it).
@@ -528,11 +496,11 @@ class GlobalBatchLoader(Iterable[Any]):
                     samplers[h].resume(position.epoch, position.consumed)
                 continue
             try:
-                _state.restore(source, state)
+                checkpoint.restore(source, state)
             except Exception as e:
                 where = f"state_dict[{key!r}][{name!r}]" + (f"[{h}]" if self._per_host else "")
                 e.add_note(
-                    f"(raised by {_state.method_name(source, 1)}, given {where}, in "
+                    f"(raised by {checkpoint.method_name(source, 1)}, given {where}, in "
                     "GlobalBatchLoader.load_state_dict)"
                 )
                 raise
@@ -542,7 +510,7 @@ class GlobalBatchLoader(Iterable[Any]):
 
     def _require_checkpointable(self, method: str) -> None:
         for s in self._sources:
-            if not _state.checkpointable(s):
+            if not checkpoint.checkpointable(s):
                 raise TypeError(
                     f"GlobalBatchLoader.{method}: the source ({type(s).__name__}) has no "
                     "state_dict()/load_state_dict() (nor get_state()/set_state()) and reads no "

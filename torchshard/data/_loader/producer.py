@@ -1,63 +1,70 @@
-"""What a ``GlobalBatchLoader``'s background thread does for each batch (``Producer``).
+"""What makes each batch of an epoch (``Producer``): on the loader's thread, or inside
+``next()`` with ``prefetch=0``.
 
 Per batch: take one host batch from every source (one per host this process supplies), snapshot
 the sources, check the batch against the first one, apply the dispatchers'
 ``logical_to_physical_batch``, and call the engine (``read``/``plan``/``place``) as
-``host_to_global_array`` does, telling the backend it runs on a helper thread (``background``).
-Then, when the processes compare (DTensor, agreement check on), it exchanges the batch's
-*outcome* (its description, the end of the source, or a failure) on the epoch's ``Stream``:
-one bounded store exchange per batch, named by the batch, on the thread that made it, so it
-runs ahead of the consumer and off the step's path. Differing outcomes raise at that batch on
+``host_to_global_array`` does, telling the backend whether it runs on a helper thread (the
+plan's ``background``). Then, when the processes compare (the plan's ``agree``: DTensor,
+agreement check on) or settle the end of data together (its ``exchange``), it exchanges the
+batch's *outcome* (its description, the end of the source, or a failure) on the epoch's
+``Exchanges``: one bounded exchange per batch, named by the batch, on the thread that made it, so
+it runs ahead of the consumer and off the step's path. Differing outcomes raise at that batch on
 every process, before it is handed over: the failing process its own error (with a note), the
 others ``ProcessDisagreementError``. It holds no consumer state.
 
-On the loader's thread the exchange is pipelined (``pipeline``): batch ``n``'s exchange begins
-when ``n`` is made, the thread makes ``n + 1`` and begins its exchange, and only then waits for
-the other processes' outcomes of ``n`` and hands ``n`` over. Waiting at once (as ``prefetch=0``
-and a byte budget do) ties every batch to the slowest process's making of that batch, so each
-process's thread runs at the pace of the slowest one batch by batch, which a deeper prefetch
-does not absorb. One batch later the others have almost always begun ``n``, and the wait is
-gone. The batch made ahead is one more than ``prefetch`` in flight (figures: docs/design.md).
+The plan fixes the mode (``producer_for``): ``Producer`` exchanges each batch's outcome as soon
+as it is made; ``PipelinedProducer`` (the plan's ``pipeline``) begins batch ``n``'s exchange when
+``n`` is made, makes ``n + 1`` and begins its exchange, and only then waits for the other
+processes' outcomes of ``n`` and hands ``n`` over. Waiting at once ties every batch to the
+slowest process's making of that batch, so each process's thread runs at the pace of the slowest
+one batch by batch, which a deeper prefetch does not absorb. One batch later the others have
+almost always begun ``n``, and the wait is gone. The batch made ahead is one more than
+``prefetch`` in flight (figures: docs/design.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torchshard._backend.protocols import ProcessChecks
-from torchshard._backend.registry import lookup
-from torchshard._core.agreement import END as END_OF_SOURCE
-from torchshard._core.agreement import describe, failure, outcome_disagreement
+from torchshard._core.agreement import END_OF_DATA, describe, failure
 from torchshard._core.errors import (
     CollectiveError,
     IndivisibleError,
     ProcessDisagreementError,
     ShardingError,
 )
-from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tree import LazyPaths, flatten
 from torchshard._mesh.context import current_topology
 from torchshard._place.call import read
 from torchshard._place.place import to_global
-from torchshard.data._batch_check import (
+from torchshard.data._loader.batch_check import (
     BatchChecker,
     check_dispatch_feeds,
     host_nbytes,
     indivisible_error,
 )
-from torchshard.data._ends import EMPTY, END, Template, mask_partition, rows_status, settle
-from torchshard.data._prefetch import LOCATED  # the agreement's errors name their batch
-from torchshard.data._state import capture, stateful
-from torchshard.data._stats import Counters
-from torchshard.data._stream import echo_error, stream_workers
+from torchshard.data._loader.checkpoint import capture, stateful
+from torchshard.data._loader.echo import echo_error, stream_workers
+from torchshard.data._loader.exchanges import Exchanges, judge
+from torchshard.data._loader.last_batch import (
+    ENDED,
+    ENDED_EMPTY,
+    Template,
+    mask_partition,
+    rows_status,
+    settle,
+)
+from torchshard.data._loader.plan import EpochPlan
+from torchshard.data._loader.prefetch import LOCATED  # the agreement's errors name their batch
+from torchshard.data._loader.stats import Counters
 
-__all__ = ["Ended", "Made", "Producer", "Stream", "Tally", "stateful"]
+__all__ = ["EndOfData", "Made", "PipelinedProducer", "Producer", "Tally", "producer_for"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +75,7 @@ class Made:
     snapshot: list[Any] | None
     ready: Callable[[], None] | None = None
     """The batch's hand-off (``DeviceThreads.fence``): the consumer calls it before using the batch,
-    so that its stream waits for this batch's copies; ``None``: nothing to wait for."""
+    so that its device stream waits for this batch's copies; ``None``: nothing to wait for."""
     compared: bool = False  # the processes agreed on this batch's outcome
     rows: int = 0  # the real examples of this process's sources in the batch
     nbytes: int = 0  # the host bytes transferred (the prefetch's byte budget counts them)
@@ -91,35 +98,10 @@ class _Begun:
 
 
 @dataclasses.dataclass(frozen=True)
-class Ended:
-    """The value of the producer's ``StopIteration``."""
+class EndOfData:
+    """The value of the producer's ``StopIteration``: the sources' states at their end."""
 
     snapshot: list[Any] | None
-
-
-class Stream:
-    """An epoch's sequence of outcome exchanges (``ProcessChecks.open_stream``): the producer
-    runs them, the consumer counts the batches it takes, and ``close`` ends the sequence once
-    the producer is stopped (``finished``: the last exchange was the agreed end of the source).
-    Holds no reference to the epoch, so an abandoned iterator's finaliser can close it."""
-
-    def __init__(self, checks: ProcessChecks, mesh: Mesh, name: str) -> None:
-        self.checks = checks
-        self.mesh = mesh
-        self.name = name
-        self.taken = 0
-        self.finished = False
-        self.closed = False
-        self._lock = threading.Lock()  # the loader and a finaliser's thread may both close it
-
-    def close(self) -> None:
-        """Ends the sequence (once): every process still to reach its next exchange, or waiting
-        in it, raises naming this process, unless the source ended on every process."""
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-        self.checks.close_stream(self.mesh, self.name, finished=self.finished, taken=self.taken)
 
 
 class Tally:
@@ -135,102 +117,57 @@ class Tally:
 _END = object()
 
 
-def _judge(
-    what: str,
-    every: Sequence[Sequence[str]] | None,
-    paths: Callable[[int], str],
-    error: BaseException | None,
-) -> None:
-    """The verdict on a batch's outcomes (``every``: each process's, ``None`` when they
-    agree): raises their disagreement, or notes it on this process's own ``error`` (a failure
-    of the source or the check, which the caller raises)."""
-    if every is None:
-        return
-    problem = outcome_disagreement(what, every, paths)
-    if error is not None:
-        error.add_note(f"(the other processes' outcomes differ: {problem})")
-        return
-    setattr(problem, LOCATED, True)
-    raise problem
-
-
 class Producer:
-    """Makes global batch ``first + i`` (``self(i)``), on the loader's thread or in ``next()``.
+    """Makes global batch ``plan.first + i`` (``self(i)``), exchanging each batch's outcome at
+    once when the plan has a channel (the mode of a plan without ``pipeline``).
 
     Args:
+        plan: the epoch's plan (mesh, spec, policy, what the processes exchange, whether a
+            thread runs this producer).
         its: one iterator per source (per host this process supplies).
         sources: the sources (snapshotted when every one is stateful).
         dispatchers: one per source, or ``None``.
-        spec: the partition (``feed_partition``'s result).
-        mesh: the loader's mesh.
         counters: the loader's counters (bytes, transfer seconds).
-        first: the index of the first batch (``> 0`` when resuming).
-        per_host: the sources are a list of per-host sources (names the paths of errors).
-        explicit_partition: ``partition=`` was given (names the fix of a feed mismatch).
-        stream: the epoch's exchanges of each batch's outcome (``None``: no exchange).
-        agree: the processes compare each batch's description (the agreement check).
-        policy: ``last_batch`` (``"error"``, ``"drop"``, ``"pad"``).
-        exchange: the processes exchange each batch's status (``"drop"``/``"pad"`` on several
-            processes, on ``stream`` even with the agreement check off): after this process's
-            end the producer reports it (``"drop"``) or makes padding batches (``"pad"``), and
-            every process stops at the batch the exchange settles on.
-        full: per source, the rows of a whole batch (its ``batch_size``), else ``None`` (the
-            first batch's).
-        processes: the number of processes (every process's rows count in the settled batch).
+        exchanges: the epoch's exchanges (``None`` exactly when the plan has no channel). With
+            the plan's ``exchange`` (``"drop"``/``"pad"`` on several processes, also with the
+            agreement check off), after this process's end the producer reports it
+            (``"drop"``) or makes padding batches (``"pad"``), and every process stops at the
+            batch the exchange settles on.
     """
 
     def __init__(
         self,
+        plan: EpochPlan,
         its: list[Iterator[Any]],
         sources: Sequence[Any],
         dispatchers: Sequence[Any] | None,
-        spec: Any,
-        mesh: Mesh,
         counters: Counters,
-        first: int,
-        *,
-        per_host: bool,
-        explicit_partition: bool,
-        stream: Stream | None,
-        agree: bool = False,
-        policy: str = "error",
-        exchange: bool = False,
-        full: Sequence[int | None] | None = None,
-        processes: int = 1,
+        exchanges: Exchanges | None = None,
     ) -> None:
+        if (exchanges is None) != (plan.channel is None):
+            raise ValueError(
+                f"Producer: exchanges are needed exactly when the plan has a channel (channel="
+                f"{plan.channel!r}), but got {exchanges!r}."
+            )
+        self.plan = plan
         self.its = its
         self.all_sources = list(sources)
         self.sources = sources if all(stateful(s) for s in sources) else None
         self.dispatchers = dispatchers
-        self.per_host = per_host
-        self.explicit_partition = explicit_partition
-        self.stream = stream
-        self.agree = agree and stream is not None
-        self.policy = policy
-        self.exchange = exchange and stream is not None
-        self.stopped = False  # the exchange settled on the end: every process stopped
-        self.processes = processes  # an exchange whose items agree returns None: all alike
-        self.full = list(full) if full is not None else [None] * len(its)
-        self.mask_spec: Any = None  # "pad": the mask's partition, from the first batch
-        self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
-        self.background = False  # set when a thread runs it
-        self.spec = spec
-        self.mesh = mesh
-        self.backend = lookup(mesh)
-        self.threads = self.backend.threads
+        self.exchanges = exchanges
+        self.threads = plan.backend.threads
         self.counters = counters
-        self.first = first
         self.check = BatchChecker()
         self.tally = Tally()
+        self.stopped = False  # the exchange settled on the end: every process stopped
+        self.mask_spec: Any = None  # "pad": the mask's partition, from the first batch
+        self.feeds_checked = False  # the layout check runs on the first batch (shapes fixed)
         n = len(its)
+        self.full = list(plan.full) if len(plan.full) == n else [None] * n
         self.templates: list[Template | None] = [None] * n
         self.ended = [False] * n
         self.pending: list[list[Any]] = [[] for _ in range(n)]
         self.echo_checked = [False] * n
-        # Set by the epoch when a thread runs it, the processes compare each batch and nothing
-        # but the agreement is exchanged: each batch's exchange ends after the next is made.
-        self.pipeline = False
-        self.begun: _Begun | None = None  # pipelined: the next batch, its exchange begun
 
     def snapshot(self) -> list[Any] | None:
         """The sources' states now, deep copies (``None`` unless every source is stateful)."""
@@ -255,7 +192,8 @@ class Producer:
                     if x is _END:
                         break
                     first.append(x)
-                error = echo_error(first, workers, host=h if self.per_host else None, batch=n)
+                host = h if self.plan.per_host else None
+                error = echo_error(first, workers, host=host, batch=n)
                 if error is not None:
                     raise error
                 self.pending[h] = first[1:]
@@ -287,7 +225,7 @@ class Producer:
     def _template(self, h: int, x: Any) -> Template:
         t = self.templates[h]
         if t is None:
-            name = "batch" if not self.per_host else f"host_batches[{h}]"
+            name = "batch" if not self.plan.per_host else f"host_batches[{h}]"
             t = self.templates[h] = Template(x, self.full[h], name=name)
         return t
 
@@ -295,8 +233,9 @@ class Producer:
         """``last_batch="drop"``/``"pad"``: ``(batches, masks, real rows per host, status)``.
 
         Every host's source is read at every batch (none is read again once it ended). Drop:
-        an ended or short host ends the batch (``StopIteration``, or the status ``END`` when
+        an ended or short host ends the batch (``StopIteration``, or the status ``ENDED`` when
         the processes exchange). Pad: short batches padded, ended hosts padding only."""
+        policy, exchange = self.plan.policy, self.plan.exchange
         got: list[Any] = []
         rows: list[int] = []
         for h in range(len(self.its)):
@@ -310,22 +249,22 @@ class Producer:
             short = t.short(x)
             got.append(x)
             rows.append(t.rows if short is None else short)
-            if short is not None and self.policy == "drop":
+            if short is not None and policy == "drop":
                 self.ended[h] = True
         self.tally.read += sum(rows)
-        if self.policy == "drop":
+        if policy == "drop":
             if all(x is not None and not self.ended[h] for h, x in enumerate(got)):
                 return got, None, rows, rows_status(sum(rows))
-            if not self.exchange:
+            if not exchange:
                 raise StopIteration(self.snapshot())
-            return [], None, rows, END
-        if all(self.ended) and not self.exchange:
+            return [], None, rows, ENDED
+        if all(self.ended) and not exchange:
             raise StopIteration(self.snapshot())
         known = next((t for t in self.templates if t is not None), None)
         if known is None:  # no host had a batch yet: nothing to pad with
-            if not self.exchange:
+            if not exchange:
                 raise StopIteration(self.snapshot())
-            return [], None, rows, EMPTY
+            return [], None, rows, ENDED_EMPTY
         batches, masks = [], []
         for h, x in enumerate(got):
             t = self.templates[h] or known
@@ -334,54 +273,51 @@ class Producer:
             else:
                 batches.append(x if rows[h] == t.rows else t.pad(x, rows[h]))
             masks.append(t.mask(rows[h]))
-        status = END if all(self.ended) else rows_status(sum(rows))
+        status = ENDED if all(self.ended) else rows_status(sum(rows))
         return batches, masks, rows, status
 
     # -- one batch ------------------------------------------------------------------------
+    def _fence(self) -> Callable[[], None] | None:
+        """The hand-off of the copies this thread started for a batch (made on the loader's
+        thread: one fence per batch); ``None`` in place, where the copies need none."""
+        if self.plan.background and self.threads is not None:
+            return self.threads.fence()
+        return None
+
     def __call__(self, i: int) -> Made:
-        if self.pipeline and self.stream is not None:
-            begun = (
-                self.begun if self.begun is not None else self._begin(self.stream, self.first + i)
-            )
-            self.begun = None
-            if begun.made is not None:  # the next batch, and its exchange, before this one's end
-                self.begun = self._begin(self.stream, begun.n + 1)
-            return self._end(self.stream, begun)
-        n = self.first + i
-        stream = self.stream
+        n = self.plan.first + i
+        exchanges = self.exchanges
         if self.stopped:  # every process stopped at the previous batch (drop or pad)
-            raise StopIteration(Ended(self.snapshot()))
+            raise StopIteration(EndOfData(self.snapshot()))
         try:
             out, snapshot, host, rows, status, nbytes = self._make(n)
         except StopIteration as end:
-            if stream is not None:
-                self._agree(stream, n, [END] if self.exchange else [END_OF_SOURCE])
-                stream.finished = True
-            raise StopIteration(Ended(end.value)) from None
+            if exchanges is not None:
+                self._agree(exchanges, n, [ENDED] if self.plan.exchange else [END_OF_DATA])
+                exchanges.agreed_end()
+            raise StopIteration(EndOfData(end.value)) from None
         except Exception as e:
-            if self.background and self.threads is not None:  # drop the failed batch's copies
-                self.threads.fence()
-            if stream is not None:
-                self._agree(stream, n, failure(e), error=e)
+            self._fence()  # drop the failed batch's copies
+            if exchanges is not None:
+                self._agree(exchanges, n, failure(e), error=e)
             raise
-        # The copies of a batch made on the loader's thread end with one fence for the batch.
-        ready = self.threads.fence() if self.background and self.threads is not None else None
-        if stream is None:
+        ready = self._fence()
+        if exchanges is None:
             return Made(out, snapshot, ready, rows=rows, nbytes=nbytes)
-        outcome = [status] if self.exchange else []
+        outcome = [status] if self.plan.exchange else []
         where = None
-        if host is not None and self.agree:
+        if host is not None and self.plan.agree:
             described, where = self._describe(n, host)
             outcome += described
-        settled = self._agree(stream, n, outcome, where=where)
+        settled = self._agree(exchanges, n, outcome, where=where)
         if settled is not None and settled[0]:  # the last exchange of the epoch
             self.stopped = True
-            stream.finished = True
+            exchanges.agreed_end()
         return Made(
             out,
             snapshot,
             ready,
-            compared=self.agree,
+            compared=self.plan.agree,
             rows=rows,
             nbytes=nbytes,
             settled=settled,
@@ -393,85 +329,33 @@ class Producer:
         leaves, treespec = flatten(host)
         paths = LazyPaths(treespec, "batch")
         where = lambda i: f"GlobalBatchLoader: batch {n}: {paths[i]}"  # noqa: E731
-        return describe(treespec, leaves, self.spec), where
-
-    def _begin(self, stream: Stream, n: int) -> _Begun:
-        """Makes batch ``n`` (or meets the end, or fails to) and begins the exchange of its
-        outcome; a failure of the exchange itself is raised by the end."""
-        made: Made | None = None
-        snapshot: list[Any] | None = None
-        error: Exception | None = None
-        where: Callable[[int], str] | None = None
-        try:
-            out, snap, host, rows, _, nbytes = self._make(n)
-        except StopIteration as stop:
-            outcome, snapshot = [END_OF_SOURCE], stop.value
-        except Exception as e:  # noqa: BLE001 -- raised by the end, at its batch
-            if self.threads is not None:  # drop the failed batch's copies
-                self.threads.fence()
-            outcome, error = failure(e), e
-        else:
-            ready = self.threads.fence() if self.threads is not None else None
-            made = Made(out, snap, ready, compared=True, rows=rows, nbytes=nbytes)
-            outcome = []
-            if host is not None:
-                outcome, where = self._describe(n, host)
-        try:
-            end = stream.checks.begin_exchange(
-                self.mesh, outcome, what=f"GlobalBatchLoader: batch {n}", stream=stream.name
-            )
-        except (ProcessDisagreementError, CollectiveError) as e:
-            setattr(e, LOCATED, True)
-            failed = e
-
-            def end() -> list[list[str]] | None:
-                raise failed
-
-        return _Begun(n, made, end, snapshot, error, where)
-
-    def _end(self, stream: Stream, begun: _Begun) -> Made:
-        """Waits for the others' outcomes of ``begun``'s batch: returns the batch, or raises as
-        ``_agree`` does (the end of the sources: ``StopIteration``)."""
-        what = f"GlobalBatchLoader: batch {begun.n}"
-        try:
-            every = begun.end()
-        except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
-            setattr(e, LOCATED, True)
-            raise
-        _judge(what, every, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
-        if begun.error is not None:
-            raise begun.error
-        if begun.made is None:  # the end of every process's sources
-            stream.finished = True
-            raise StopIteration(Ended(begun.snapshot))
-        return begun.made
+        return describe(treespec, leaves, self.plan.spec), where
 
     def _agree(
         self,
-        stream: Stream,
+        exchanges: Exchanges,
         n: int,
         outcome: list[str],
         *,
         error: BaseException | None = None,
         where: Callable[[int], str] | None = None,
     ) -> tuple[bool, list[int]] | None:
-        """The agreement step on batch ``n``'s outcome (an exchange on the epoch's stream):
+        """The agreement step on batch ``n``'s outcome (an exchange on the epoch's channel):
         raises ``ProcessDisagreementError`` on every process whose outcome is a batch or the
         end when the outcomes differ; a process whose outcome is ``error`` gets a note on it
-        instead (its caller re-raises it). With ``exchange`` (``last_batch="drop"``/``"pad"``
-        on several processes) it returns ``(stop, real rows per process)``: every process
-        stops, or goes on, at the same batch."""
+        instead (its caller re-raises it). With the plan's ``exchange`` (``last_batch="drop"``/
+        ``"pad"`` on several processes) it returns ``(stop, real rows per process)``: every
+        process stops, or goes on, at the same batch."""
         what = f"GlobalBatchLoader: batch {n}"
         paths = where or (lambda i: f"GlobalBatchLoader: batch {n}: leaf {i}")
+        exchange = self.plan.exchange
         try:
-            every = stream.checks.exchange(
-                self.mesh, outcome, what=what, stream=stream.name, force=self.exchange
-            )
-            if self.exchange:
+            every = exchanges.exchange(outcome, what=what, force=exchange)
+            if exchange:
                 try:
                     return settle(
-                        self.policy,
-                        every if every is not None else [outcome] * self.processes,
+                        self.plan.policy,
+                        every if every is not None else [outcome] * self.plan.processes,
                         what=what,
                         where=paths,
                     )
@@ -483,13 +367,14 @@ class Producer:
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        _judge(what, every, paths, error)
+        judge(what, every, paths, error)
         return None
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any, int, str, int]:
+        plan = self.plan
         masks = None
         status = ""
-        if self.policy == "error":
+        if plan.policy == "error":
             hosts = self._pull(n)
             rows = sum(_rows(b) for b in hosts)
         else:
@@ -511,14 +396,14 @@ class Producer:
                     for d, m in zip(self.dispatchers, masks, strict=True)
                 ]
             if not self.feeds_checked:
-                topology = current_topology(self.mesh)
+                topology = current_topology(plan.mesh)
                 check_dispatch_feeds(
-                    mesh=self.mesh,
-                    spec_tree=self.spec,
+                    mesh=plan.mesh,
+                    spec_tree=plan.spec,
                     physical_batches=hosts,
                     dispatchers=self.dispatchers,
                     hosts=topology.data_hosts,
-                    explicit=self.explicit_partition,
+                    explicit=plan.explicit_partition,
                     batch=n,
                 )
                 self.feeds_checked = True
@@ -526,24 +411,24 @@ class Producer:
         t0 = time.perf_counter()
         try:
             if masks is None:
-                out = self._to_global(hosts, self.spec)
+                out = self._to_global(hosts, plan.spec)
             else:
                 if self.mask_spec is None:
-                    self.mask_spec = mask_partition(self.mesh, self.spec, hosts[0])
+                    self.mask_spec = mask_partition(plan.mesh, plan.spec, hosts[0])
                 # FULL (the default) checks the batch dim over the whole tree: its own call
-                if self.spec is DEFAULT_PARTITION or isinstance(self.spec, DataPartitionType):
+                if plan.spec is DEFAULT_PARTITION or isinstance(plan.spec, DataPartitionType):
                     out = (
-                        self._to_global(hosts, self.spec),
+                        self._to_global(hosts, plan.spec),
                         self._to_global(masks, self.mask_spec),
                     )
                 else:  # one engine call for the batch and its mask (two cost a 1 MiB step ~20 %)
                     pairs = [(b, m) for b, m in zip(hosts, masks, strict=True)]
-                    out = self._to_global(pairs, (self.spec, self.mask_spec))
+                    out = self._to_global(pairs, (plan.spec, self.mask_spec))
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
-                mesh=self.mesh,
-                spec_tree=self.spec,
+                mesh=plan.mesh,
+                spec_tree=plan.spec,
                 host_batch=hosts[0],
                 batch=n,
                 dispatcher=self.dispatchers is not None,
@@ -553,10 +438,107 @@ class Producer:
 
     def _to_global(self, hosts: list[Any], spec: Any) -> Any:
         """``host_to_global_array`` of the hosts' batches, without the agreement step."""
-        mesh, backend = self.mesh, self.backend
-        topology = current_topology(mesh)
-        call = read(hosts, topology, spec, per_host=self.per_host)
-        return to_global(mesh, backend, topology, call, background=self.background)
+        plan = self.plan
+        topology = current_topology(plan.mesh)
+        call = read(hosts, topology, spec, per_host=plan.per_host)
+        return to_global(plan.mesh, plan.backend, topology, call, background=plan.background)
+
+
+class PipelinedProducer(Producer):
+    """The plan's ``pipeline`` mode: batch ``n``'s outcome exchange ends after batch ``n + 1``
+    is made and its exchange begun (the loader's thread, agreement check on, no status
+    exchanged, no byte budget)."""
+
+    def __init__(
+        self,
+        plan: EpochPlan,
+        its: list[Iterator[Any]],
+        sources: Sequence[Any],
+        dispatchers: Sequence[Any] | None,
+        counters: Counters,
+        exchanges: Exchanges | None = None,
+    ) -> None:
+        super().__init__(plan, its, sources, dispatchers, counters, exchanges)
+        if not plan.pipeline or exchanges is None:
+            raise ValueError(
+                "PipelinedProducer: needs a plan whose pipeline is on (a thread, the agreement "
+                "check, no status exchange, no byte budget), but got prefetch="
+                f"{plan.prefetch}, agree={plan.agree}, exchange={plan.exchange}, "
+                f"prefetch_bytes={plan.prefetch_bytes}."
+            )
+        self.pipelined = exchanges
+        self.begun: _Begun | None = None  # the next batch, its exchange begun
+
+    def __call__(self, i: int) -> Made:
+        exchanges = self.pipelined
+        begun = (
+            self.begun if self.begun is not None else self._begin(exchanges, self.plan.first + i)
+        )
+        self.begun = None
+        if begun.made is not None:  # the next batch, and its exchange, before this one's end
+            self.begun = self._begin(exchanges, begun.n + 1)
+        return self._end(exchanges, begun)
+
+    def _begin(self, exchanges: Exchanges, n: int) -> _Begun:
+        """Makes batch ``n`` (or meets the end, or fails to) and begins the exchange of its
+        outcome; a failure of the exchange itself is raised by the end."""
+        made: Made | None = None
+        snapshot: list[Any] | None = None
+        error: Exception | None = None
+        where: Callable[[int], str] | None = None
+        try:
+            out, snap, host, rows, _, nbytes = self._make(n)
+        except StopIteration as stop:
+            outcome, snapshot = [END_OF_DATA], stop.value
+        except Exception as e:  # noqa: BLE001 -- raised by the end, at its batch
+            self._fence()  # drop the failed batch's copies
+            outcome, error = failure(e), e
+        else:
+            made = Made(out, snap, self._fence(), compared=True, rows=rows, nbytes=nbytes)
+            outcome = []
+            if host is not None:
+                outcome, where = self._describe(n, host)
+        try:
+            end = exchanges.begin(outcome, what=f"GlobalBatchLoader: batch {n}")
+        except (ProcessDisagreementError, CollectiveError) as e:
+            setattr(e, LOCATED, True)
+            failed = e
+
+            def end() -> list[list[str]] | None:
+                raise failed
+
+        return _Begun(n, made, end, snapshot, error, where)
+
+    def _end(self, exchanges: Exchanges, begun: _Begun) -> Made:
+        """Waits for the others' outcomes of ``begun``'s batch: returns the batch, or raises as
+        ``_agree`` does (the end of the sources: ``StopIteration``)."""
+        what = f"GlobalBatchLoader: batch {begun.n}"
+        try:
+            every = begun.end()
+        except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
+            setattr(e, LOCATED, True)
+            raise
+        judge(what, every, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
+        if begun.error is not None:
+            raise begun.error
+        if begun.made is None:  # the end of every process's sources
+            exchanges.agreed_end()
+            raise StopIteration(EndOfData(begun.snapshot))
+        return begun.made
+
+
+def producer_for(
+    plan: EpochPlan,
+    its: list[Iterator[Any]],
+    sources: Sequence[Any],
+    dispatchers: Sequence[Any] | None,
+    counters: Counters,
+    exchanges: Exchanges | None = None,
+) -> Producer:
+    """The producer of ``plan``'s mode: ``PipelinedProducer`` when its ``pipeline`` is on, else
+    ``Producer``."""
+    kind = PipelinedProducer if plan.pipeline else Producer
+    return kind(plan, its, sources, dispatchers, counters, exchanges)
 
 
 def _rows(tree: Any) -> int:

@@ -1,39 +1,30 @@
-"""One epoch of a GlobalBatchLoader (torchshard.data._epoch): the consumer's side. ``next()``
-takes what the producer made (on the loader's thread, or in place with ``prefetch=0``), counts
-it and moves the epoch's cursor; the end of the sources ends the epoch and resets the cursor;
-an error reaches the consumer with its batch; an epoch ended by something else says so."""
+"""One epoch of a GlobalBatchLoader (torchshard.data._loader.epoch): the consumer's side.
+``next()`` takes what the producer made (on the loader's thread, or in place with
+``prefetch=0``: the plan chooses, once), counts it and moves the epoch's cursor; the end of the
+sources ends the epoch and resets the cursor; an error reaches the consumer with its batch; an
+epoch closed by something else says so."""
 
 import re
 import threading
 
 import numpy as np
 import pytest
-from data_helpers import no_loader_thread_left
+from data_helpers import make_plan, no_loader_thread_left
 
 import torchshard as ts
-from torchshard.data._epoch import Epoch
-from torchshard.data._position import Cursor
-from torchshard.data._producer import Producer
-from torchshard.data._stats import Counters
+from torchshard.data._loader.cursor import Cursor
+from torchshard.data._loader.epoch import Epoch
+from torchshard.data._loader.producer import producer_for
+from torchshard.data._loader.stats import Counters
 
 DATA = ts.P("data")
 
 
 def _epoch(batches, mesh, *, prefetch, first=0):
     counters, cursor = Counters(), Cursor(None, first)
-    producer = Producer(
-        [iter(batches)],
-        [batches],
-        None,
-        DATA,
-        mesh,
-        counters,
-        first,
-        per_host=False,
-        explicit_partition=True,
-        stream=None,
-    )
-    return Epoch(producer, prefetch, counters=counters, cursor=cursor), counters, cursor
+    plan = make_plan(mesh, DATA, first=first, explicit_partition=True, prefetch=prefetch)
+    producer = producer_for(plan, [iter(batches)], [batches], None, counters)
+    return Epoch(plan, producer, counters=counters, cursor=cursor), counters, cursor
 
 
 def _rows(batch):
@@ -86,12 +77,12 @@ def test_a_resumed_epoch_counts_from_its_first_batch(mesh8):
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
-def test_an_epoch_ended_by_another_call_says_so(mesh8, prefetch):
+def test_an_epoch_closed_by_another_call_says_so(mesh8, prefetch):
     batches = [{"id": np.arange(8)}] * 3
     epoch, _, _ = _epoch(batches, mesh8, prefetch=prefetch)
     next(epoch)
-    epoch.end("load_state_dict()")
-    epoch.end("a later iter()")  # the first reason stays
+    epoch.close(by="load_state_dict()")
+    epoch.close(by="a later iter()")  # the first reason stays
     message = (
         "GlobalBatchLoader: this iterator was ended before batch 1 by load_state_dict() on the "
         "same loader; a loader runs one epoch at a time, and each iter() starts a new one (the "
@@ -104,11 +95,11 @@ def test_an_epoch_ended_by_another_call_says_so(mesh8, prefetch):
     assert no_loader_thread_left()
 
 
-def test_ending_a_closed_epoch_changes_nothing(mesh8):
+def test_closing_a_closed_epoch_by_another_call_changes_nothing(mesh8):
     epoch, _, _ = _epoch([{"id": np.arange(8)}], mesh8, prefetch=0)
     epoch.close()
     epoch.close()  # idempotent
-    epoch.end("a later iter()")
+    epoch.close(by="a later iter()")
     with pytest.raises(StopIteration):
         next(epoch)
 

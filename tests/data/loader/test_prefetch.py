@@ -1,38 +1,21 @@
-"""The prefetch engine (standard library only): order, bound, errors, shutdown."""
+"""Where an epoch's items are made (torchshard.data._loader.prefetch): on a thread, ahead
+(``Prefetcher``: order, bound, errors, closing, the run's life moving only along its table), or in
+place (``InPlace``, ``prefetch=0``)."""
 
 import contextlib
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 import pytest
-from data_helpers import wait_until
+from data_helpers import run_script, wait_until
 
-import torchshard
-from torchshard.data._prefetch import Prefetcher
+from torchshard.data._loader.prefetch import Prefetcher
 
 
 def live(prefix="prefetch"):
     return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
-
-
-def run_script(path, text):
-    """Runs ``text`` as the script ``path`` in a fresh interpreter that imports this
-    checkout's torchshard."""
-    path.write_text(text)
-    root = str(Path(torchshard.__file__).resolve().parents[1])
-    return subprocess.run(
-        [sys.executable, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONPATH": root},
-    )
 
 
 def counting(n):
@@ -204,7 +187,7 @@ def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
     out = run_script(
         tmp_path / "interrupted.py",
         "import threading, time, numpy as np, torchshard as ts\n"
-        "import torchshard.data._prefetch as prefetch\n"
+        "import torchshard.data._loader.prefetch as prefetch\n"
         "prefetch.JOIN_SECONDS = 60.0\n"
         "ts.setup_cpu_emulation(8)\n"
         "class Slow:\n"
@@ -223,29 +206,126 @@ def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
     assert end - interrupted < 30.0  # before: >= JOIN_SECONDS (60 s)
 
 
-_BUSY_AT_EXIT = """
-import time
-import torch
-from torchshard.data._prefetch import Prefetcher
-
-def produce(i):
-    a = torch.ones(32, 32)
-    end = time.monotonic() + 0.3
-    while time.monotonic() < end:
-        a = torch.mm(a, a) / 32.0  # releases the GIL inside torch's C++
-    return a
-
-p = Prefetcher(produce, depth=2, name="prefetch-busy")
-p.get()
-print("exiting", flush=True)
-"""
+# -- the run's life: one state, moved only along the table's edges ------------------------------
 
 
-def test_a_thread_inside_torch_at_exit_does_not_abort_the_process(tmp_path):
-    """The interpreter exits while the thread is inside torch ops (the stream never closed).
-    The daemon thread was killed as it took the GIL back inside torch's C++: "terminate called
-    without an active exception", exit -6, in 6 runs of 6 (and the demo in about 1 of 8 on a
-    loaded machine). Now the exit stops the stream and waits for the thread."""
-    out = run_script(tmp_path / "busy_at_exit.py", _BUSY_AT_EXIT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout == "exiting\n" and "terminate called" not in out.stderr
+def test_a_run_that_ends_by_itself_is_ended_then_finished_and_its_thread_parks():
+    from torchshard.data._loader.prefetch import Life
+    from torchshard.data._loader.threads import parked_threads
+
+    p = Prefetcher(counting(2), depth=2, name="prefetch-life")
+    assert p.get() == 0 and p.get() == 1
+    assert wait_until(lambda: p.life in (Life.ENDED, Life.FINISHED))
+    with pytest.raises(StopIteration):
+        p.get()
+    assert p.wait_finished(timeout=20) and p.life is Life.FINISHED and not p.alive
+    p.close()  # an ended run: nothing to retire
+    assert p.life is Life.FINISHED
+    assert wait_until(lambda: p._thread in parked_threads() or not p._thread.is_alive())
+
+
+def test_a_run_closed_mid_way_is_retired_then_finished_and_its_thread_ends():
+    from torchshard.data._loader.prefetch import Life
+
+    p = Prefetcher(lambda i: i, depth=1, name="prefetch-retire")
+    assert p.get() == 0
+    assert p.life is Life.RUNNING
+    p.close()
+    assert p.life is Life.FINISHED and not p._thread.is_alive()  # joined: it did not park
+    with pytest.raises(StopIteration):
+        p.get()
+
+
+def test_the_life_moves_only_along_the_tables_edges():
+    from torchshard.data._loader.prefetch import TRANSITIONS, Life
+
+    release = threading.Event()
+    p = Prefetcher(lambda i: release.wait(30) and i, depth=1, name="prefetch-edges")
+    moved = []
+    for start in Life:
+        for to in Life:
+            with p._cond:
+                p._life = start
+                if p._move(to):
+                    moved.append((start, to))
+    assert (
+        set(moved)
+        == TRANSITIONS
+        == {
+            (Life.RUNNING, Life.ENDED),
+            (Life.RUNNING, Life.RETIRED),
+            (Life.ENDED, Life.FINISHED),
+            (Life.RETIRED, Life.FINISHED),
+        }
+    )
+    with p._cond:
+        p._life = Life.RUNNING
+    p.close(wait=False)
+    release.set()
+    assert p.wait_finished(timeout=20)
+
+
+@pytest.mark.parametrize("how", ["ended", "failed", "retired"])
+def test_on_finish_runs_on_the_thread_once_the_run_is_over_whichever_way(how):
+    from torchshard.data._loader.prefetch import Life
+
+    ran = []
+
+    def produce(i):
+        if how == "ended" and i == 1:
+            raise StopIteration
+        if how == "failed" and i == 1:
+            raise OSError("bad record")
+        return i
+
+    p = Prefetcher(
+        produce,
+        depth=1,
+        name="prefetch-finish",
+        on_finish=lambda: ran.append((threading.current_thread().name, p.life)),
+    )
+    assert p.get() == 0
+    if how == "retired":
+        p.close()
+    else:
+        with pytest.raises(StopIteration if how == "ended" else OSError):
+            p.get()
+    assert p.wait_finished(timeout=20)
+    expected = Life.RETIRED if how == "retired" else Life.ENDED
+    assert ran == [(p.name, expected)]  # on the run's thread, before it counts as finished
+
+
+def test_in_place_items_are_made_inside_get_with_a_note_on_an_error():
+    from torchshard.data._loader.prefetch import InPlace
+
+    calls = []
+
+    def produce(i):
+        calls.append(threading.current_thread().name)
+        if i == 2:
+            raise OSError("bad record")
+        return i * 10
+
+    here = InPlace(produce, note=lambda i: f"(raised by GlobalBatchLoader at batch {5 + i})")
+    assert here.get() == 0 and here.get() == 10
+    assert calls == [threading.current_thread().name] * 2 and not here.alive
+    with pytest.raises(OSError) as info:
+        here.get()
+    assert str(info.value) == "bad record"
+    assert info.value.__notes__ == ["(raised by GlobalBatchLoader at batch 7)"]
+
+
+def test_in_place_ends_with_its_source_and_finishes_once_at_the_first_close():
+    from torchshard.data._loader.prefetch import InPlace
+
+    finished = []
+    here = InPlace(counting(1), on_finish=lambda: finished.append(1))
+    assert here.get() == 0
+    with pytest.raises(StopIteration) as end:
+        here.get()
+    assert end.value.value == "the end"
+    here.close()
+    here.close(timeout=0)
+    assert finished == [1] and here.wait_finished()
+    with pytest.raises(StopIteration):
+        here.get()

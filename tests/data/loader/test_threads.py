@@ -13,9 +13,9 @@ import weakref
 import pytest
 from data_helpers import wait_until
 
-from torchshard.data import _threads as _worker
-from torchshard.data._prefetch import Prefetcher
-from torchshard.data._threads import PARKED_NAME, parked_threads
+from torchshard.data._loader import threads as _worker
+from torchshard.data._loader.prefetch import Prefetcher
+from torchshard.data._loader.threads import PARKED_NAME, parked_threads
 
 
 def named(prefix):
@@ -163,30 +163,3 @@ def test_a_forked_child_forgets_the_parked_threads():
     assert out.get(timeout=60) == 0
     child.join(timeout=60)
     assert child.exitcode == 0
-
-
-def test_shutdown_ends_the_parked_threads_and_joins_the_running_ones(monkeypatch):
-    """At exit (``shutdown``): a parked thread ends at once instead of waiting to be adopted,
-    a running job is waited for, and afterwards no thread parks, while jobs still run."""
-    monkeypatch.setattr(_worker, "_POOL", _worker._Pool())  # closing stays in this pool
-    monkeypatch.setattr(_worker, "PARK_SECONDS", 60.0)  # only shutdown can end the parked one
-    parked = _worker.run_job(lambda: True, name="worker-parks")
-    assert wait_until(lambda: parked_threads() == [parked])
-    release = threading.Event()
-    busy = _worker.run_job(lambda: release.wait(0.3) or True, name="worker-busy")
-    assert _worker.shutdown(timeout=30.0) == []  # busy's job ended by itself after 0.3 s
-    assert not parked.is_alive() and not busy.is_alive() and parked_threads() == []
-    ran = threading.Event()
-    late = _worker.run_job(lambda: ran.set() or True, name="worker-late")
-    late.join(timeout=30.0)
-    assert ran.is_set() and not late.is_alive()  # ran its job, then ended instead of parking
-
-
-def test_shutdown_gives_up_on_a_blocked_job_after_its_timeout(monkeypatch):
-    monkeypatch.setattr(_worker, "_POOL", _worker._Pool())
-    release = threading.Event()
-    blocked = _worker.run_job(lambda: release.wait(60) and False, name="worker-blocked")
-    assert _worker.shutdown(timeout=0.2) == [blocked]
-    release.set()
-    blocked.join(timeout=30.0)
-    assert not blocked.is_alive()
