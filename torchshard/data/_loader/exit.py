@@ -4,7 +4,7 @@ finalizes (standard library only).
 A daemon thread still running once the interpreter finalizes is killed when it next takes the
 GIL; inside torch's C++ (a tensor freed as a job's frame is cleared, a store write) that kill
 aborts the process ("terminate called without an active exception", exit -6; docs/design.md,
-"Exit"). So at exit, before ``atexit``'s hooks (which tear down torch_xla's runtime and
+"Data"). So at exit, before ``atexit``'s hooks (which tear down torch_xla's runtime and
 torch.distributed's stores), ``at_exit``:
 
 1. retires every prefetcher whose run may still go on (``track``: a weak set; the thread stops

@@ -11,9 +11,8 @@ can join it.
 Why: glibc gives each thread a malloc arena, and once every arena exists (``8 x cores``, soon
 reached next to torch_xla's threads) a new thread takes the next arena in turn. A new thread
 per epoch therefore spread the loader's transfer buffers over every arena, each keeping its own
-high-water mark, while the memory in use stayed flat: 16 epochs of 250 batches grew RSS by
-+56 to +135 MB (0.5 MB batches; ~100 MB over 11 epochs of 2 MiB ones). On one thread across
-epochs: -6 to +17 MB (docs/design.md, "Memory over epochs").
+high-water mark, while the memory in use stayed flat: RSS grew by tens of MB more over 16
+epochs than on one thread across epochs (the figures: docs/design.md, "Memory over epochs").
 
 A parked worker holds nothing of the run it made (the job is dropped before parking; the first
 job is not a ``Thread`` argument, which ``Thread`` would keep) and is named ``PARKED_NAME`` while
