@@ -13,6 +13,7 @@ import weakref
 import pytest
 from data_helpers import wait_until
 
+from torchshard.data._loader import exit
 from torchshard.data._loader import threads as _worker
 from torchshard.data._loader.prefetch import Prefetcher
 from torchshard.data._loader.threads import PARKED_NAME, parked_threads
@@ -99,9 +100,11 @@ def test_concurrent_streams_get_their_own_threads():
     assert drain(c) == [0]
 
 
-def test_a_parked_thread_holds_nothing_of_its_stream(monkeypatch):
-    # Long enough that a loaded machine cannot expire the parked thread before the check.
-    monkeypatch.setattr(_worker, "PARK_SECONDS", 5.0)
+def test_a_parked_thread_holds_nothing_of_its_run(monkeypatch):
+    # Long enough that a loaded machine cannot expire the parked thread before the check; a
+    # pool of its own, closed at the end, so that nobody waits for that expiry.
+    monkeypatch.setattr(_worker, "_POOL", _worker._Pool())
+    monkeypatch.setattr(_worker, "PARK_SECONDS", 60.0)
 
     class Source:
         def __call__(self, i):
@@ -117,10 +120,11 @@ def test_a_parked_thread_holds_nothing_of_its_stream(monkeypatch):
     p.close()
     del p, source
     gc.collect()
-    # The thread leaves its stream's name when it parks. (Not `parked_threads() > 0`: another
-    # test's leftover stream may adopt a parked thread at any moment; then it is renamed too.)
+    # The thread leaves its run's name when it parks. (Not `parked_threads() > 0`: another
+    # test's leftover run may adopt a parked thread at any moment; then it is renamed too.)
     assert wait_until(lambda: not thread.name.startswith("prefetch-held"))
-    assert ref() is None  # the parked thread keeps no reference to the stream's producer
+    assert ref() is None  # the parked thread keeps no reference to the run's producer
+    assert exit.shutdown(timeout=30.0) == []  # the parked thread ends at once
 
 
 def test_adoption_racing_expiry_never_loses_a_stream(monkeypatch):
