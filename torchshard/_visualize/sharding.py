@@ -167,7 +167,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
         ax = fig.add_subplot()
         ax.axis("off")
         ax.table(
-            cellText=rows or [["", "", ""]],
+            cellText=rows or [("", "", "")],
             colLabels=["block", "devices", "hosts"],
             loc="center",
             cellLoc="center",

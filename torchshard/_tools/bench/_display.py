@@ -105,7 +105,7 @@ def print_tables(report: Report, *, file: IO[str] | None = None, plain: bool = F
         table = Table(title="figures (best of interleaved rounds; median; spread = IQR / median)")
         justified = ("left", "left", "left", "right", "right", "right", "left")
         for name, justify in zip(report.figure_rows()[0], justified, strict=True):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+            table.add_column(name, justify=justify)
         for row in report.figure_rows()[1:]:
             table.add_row(*row)
         console.print(table)
