@@ -12,13 +12,13 @@ import time
 from types import TracebackType
 from typing import IO, Any
 
+from torchshard._core.optional import available
 from torchshard._tools.bench._report import Report
-from torchshard._visualize.optional import has_rich
 
 
 def use_rich(stream: IO[str], *, plain: bool) -> bool:
     """Whether to draw with rich on ``stream``: installed, a terminal, not ``--plain``."""
-    return not plain and has_rich() and stream.isatty()
+    return not plain and available("rich") and stream.isatty()
 
 
 class Progress:
