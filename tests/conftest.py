@@ -1,6 +1,7 @@
 """Test set-up. The 8 CPU-emulated SPMD devices come from torchshard's own pytest plugin
-(``torchshard.testing._plugin``, entry point ``pytest11``; ini ``spmd_devices`` in
-pyproject.toml), which configures torch_xla before this file is imported.
+(``torchshard.testing._spmd``, registered by its gate, the entry point ``pytest11``, as the ini
+option ``spmd_devices`` in pyproject.toml asks), which configures torch_xla before this file is
+imported.
 
 Without torch_xla (a plain install: torch and DTensor only) the XLA tests skip, saying why: a
 test module that imports torch_xla is skipped whole when collected (``xla_module`` below), and
