@@ -1,13 +1,16 @@
 """The pytest plugin's body (torchshard.testing._spmd), used from small separate test projects
 that ask for it (the ini option ``spmd_devices``), each run in a fresh interpreter (the device
-count is fixed per process): the fixtures, ``assert_sharded``'s failure, the marker's checks,
-the errors when something else set the device count, and the inert plugin without torch_xla.
-The checks that need a project asking for 8 devices share one run (``eight_devices``). How a
+count is fixed per process): the fixtures, ``assert_sharded``'s failure, the marker (one item
+per count, each count in its own process: the items of another count in one child run,
+torchshard.testing._spmd_child; its checks), the errors when something else set the device
+count, and the inert plugin without torch_xla. The checks that need a project asking for 8
+devices share one run (``eight_devices``), laid out as this repository's tests are. How a
 project asks, and projects that do not: tests/testing/test_torchshard_pytestplugin.py (the
 gate); the old path: tests/testing/test_plugin.py."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import sys
@@ -108,6 +111,53 @@ BAD_COUNTS = """
         pass
 """
 
+# Marked tests of 3 counts in a project laid out in folders (tests/core/test_marked.py).
+MARKED = """
+    import json
+    import os
+
+    import pytest
+
+    import torchshard as ts
+    from shared import VALUE  # a helper beside the conftest, found in the children too
+
+
+    def _record(name, **fields):
+        with open(os.environ[name], "a") as f:
+            f.write(json.dumps(fields) + "\\n")
+
+
+    @pytest.mark.spmd(devices=[4, 8])
+    def test_counts(spmd_devices, make_mesh):
+        assert VALUE == 7
+        # A mesh must cover every device of the runtime, so this fails on a wrong count.
+        mesh = make_mesh((spmd_devices,), ("data",))
+        runtime = ts.create_device_mesh((-1,), ("data",)).size
+        _record("SPMD_RECORD", count=spmd_devices, runtime=runtime, mesh=mesh.size,
+                env=os.environ["CPU_NUM_DEVICES"], pid=os.getpid())
+
+
+    @pytest.mark.spmd(devices=2)
+    def test_child_failure(spmd_devices):
+        _record("SPMD_PIDS", test="failure", pid=os.getpid())
+        assert spmd_devices == 3, "boom in the child"
+
+
+    @pytest.mark.spmd(devices=[2])
+    def test_child_skip():
+        _record("SPMD_PIDS", test="skip", pid=os.getpid())
+        pytest.skip("nothing to do on 2 devices")
+"""
+
+# A second test file of the same basename (tests/mesh/test_marked.py).
+SAME_BASENAME = """
+    from shared import VALUE
+
+
+    def test_here():
+        assert VALUE == 7
+"""
+
 
 @pytest.fixture
 def pytester(pytester):
@@ -117,22 +167,41 @@ def pytester(pytester):
 
 
 @pytest.fixture(scope="module")
-def eight_devices(tmp_path_factory) -> pytest.RunResult:
+def eight_devices(tmp_path_factory) -> tuple[pytest.RunResult, pathlib.Path]:
     """One run of a project that asks for 8 devices, for every check that needs no other
-    configuration: passing tests and the docs' example (test_passing.py, test_readme.py), a
-    wrong layout (test_wrong.py) and a marker with bad counts (test_bad.py, a collection error:
-    ``--continue-on-collection-errors`` runs the others)."""
-    project = pytest_projects.write(
-        tmp_path_factory.mktemp("eight-devices"),
+    configuration (and the folder the marked tests record into): passing tests and the docs'
+    example (test_passing.py, test_readme.py), a wrong layout (test_wrong.py), a marker with
+    bad counts (test_bad.py, a collection error: ``--continue-on-collection-errors`` runs the
+    others), and marked tests of 3 counts laid out as this repository's tests are (folders, two
+    test files of one basename, --import-mode=importlib, a conftest that puts the helpers'
+    folder on sys.path)."""
+    project = tmp_path_factory.mktemp("eight-devices")
+    conftest = "import pathlib, sys\n\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\n"
+    pytest_projects.write(
+        project,
         {
-            "pytest.ini": "[pytest]\nspmd_devices = 8\n",
+            "pytest.ini": "[pytest]\naddopts = --import-mode=importlib\nspmd_devices = 8\n",
             "test_passing.py": PASSING,
             "test_readme.py": _readme_example(),
             "test_wrong.py": WRONG_SPEC,
             "test_bad.py": BAD_COUNTS,
+            "tests/conftest.py": conftest,
+            "tests/shared.py": "VALUE = 7\n",
+            "tests/core/test_marked.py": MARKED,
+            "tests/mesh/test_marked.py": SAME_BASENAME,
         },
     )
-    return pytest_projects.run(project, "-v", "--continue-on-collection-errors")
+    env = pytest_projects.environment(
+        HOME=str(project),
+        SPMD_RECORD=str(project / "record.jsonl"),
+        SPMD_PIDS=str(project / "pids.jsonl"),
+    )
+    result = pytest_projects.run(project, "-v", "-rfEs", "--continue-on-collection-errors", env=env)
+    return result, project
+
+
+def _records(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _lines_of(result: pytest.RunResult) -> list[str]:
@@ -141,9 +210,10 @@ def _lines_of(result: pytest.RunResult) -> list[str]:
 
 @pytest.mark.xla
 def test_make_mesh_and_assert_sharded_pass_and_the_readme_example_runs(eight_devices):
-    result = eight_devices
-    # 7 pass; test_wrong.py's test fails and test_bad.py is a collection error (below).
-    result.assert_outcomes(passed=7, failed=1, errors=1)
+    result, _ = eight_devices
+    # 7 pass here, 3 in tests/ (below); test_wrong.py's test and test_child_failure fail,
+    # test_child_skip skips and test_bad.py is a collection error (below).
+    result.assert_outcomes(passed=10, failed=2, skipped=1, errors=1)
     passing = ["rows_per_device", "mesh_was_left", "virtual_hosts_fixture", "no_emulation_left"]
     result.stdout.re_match_lines(
         [re.escape(f"test_passing.py::test_{name} PASSED") + ".*" for name in passing]
@@ -162,7 +232,7 @@ def test_make_mesh_and_assert_sharded_pass_and_the_readme_example_runs(eight_dev
 
 @pytest.mark.xla
 def test_wrong_spec_fails_with_readable_diff(eight_devices):
-    result = eight_devices
+    result, _ = eight_devices
     result.stdout.re_match_lines([re.escape("test_wrong.py::test_wrong_spec FAILED") + ".*"])
     expected = [
         (
@@ -186,12 +256,46 @@ def test_wrong_spec_fails_with_readable_diff(eight_devices):
 
 @pytest.mark.xla
 def test_spmd_marker_rejects_bad_counts(eight_devices):
-    result = eight_devices
+    result, _ = eight_devices
     result.stdout.re_match_lines([r"ERROR test_bad\.py.*"])
     assert (
         "@pytest.mark.spmd: devices must be a positive device count or a list of distinct ones, "
         "e.g. @pytest.mark.spmd(devices=[4, 8]), but got args=() kwargs={'devices': [4, 4]}."
     ) in "\n".join(_lines_of(result))
+
+
+@pytest.mark.xla
+def test_spmd_marker_runs_each_count_in_its_own_process(eight_devices):
+    """Each child finds its items by their node ids, folders included, and one child runs all
+    the items of its count."""
+    result, project = eight_devices
+    result.stdout.re_match_lines(
+        [
+            re.escape("tests/core/test_marked.py::test_counts[spmd4] PASSED") + ".*",
+            re.escape("tests/core/test_marked.py::test_counts[spmd8] PASSED") + ".*",
+        ],
+        consecutive=True,
+    )
+    result.stdout.re_match_lines([re.escape("tests/mesh/test_marked.py::test_here PASSED") + ".*"])
+    runs = sorted(_records(project / "record.jsonl"), key=lambda r: r["count"])
+    assert [(r["count"], r["runtime"], r["mesh"], r["env"]) for r in runs] == [
+        (4, 4, 4, "4"),
+        (8, 8, 8, "8"),
+    ]
+    assert runs[0]["pid"] != runs[1]["pid"]  # 4 ran in a child; 8 in the process of count 8
+    twos = _records(project / "pids.jsonl")
+    assert [r["test"] for r in twos] == ["failure", "skip"]
+    assert len({r["pid"] for r in twos} | {runs[0]["pid"], runs[1]["pid"]}) == 3  # one child
+    text = "\n".join(_lines_of(result))
+    assert (
+        "tests/core/test_marked.py::test_child_failure[spmd2] ran in a child process with 2 "
+        "emulated devices (this process has 8):" in text
+    )
+    assert "AssertionError: boom in the child" in text
+    # The skip is reported at the test's own location, not inside the plugin.
+    assert re.search(
+        r"SKIPPED \[1\] tests/core/test_marked\.py:\d+: \[child\] nothing to do on 2 devices", text
+    )
 
 
 @pytest.mark.xla
