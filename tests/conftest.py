@@ -32,7 +32,7 @@ if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
 XLA = xla_installed()
-NO_XLA = f"needs torch_xla, which is not installed (`{INSTALL_XLA}`)"
+NO_XLA = f"needs torch_xla, which is not installed ({INSTALL_XLA})"
 NO_PLUGIN = "needs the torchshard pytest plugin, disabled by -p no:torchshard"
 
 # Hypothesis profiles, chosen with --hypothesis-profile (pyproject.toml's addopts picks "ci").

@@ -13,7 +13,6 @@ import pytest
 import pytest_projects
 
 pytest_plugins = ["pytester"]
-pytestmark = pytest.mark.xla  # every run here sets up the emulated devices
 
 # What a test of the project sees of the plugin, and the devices it gets.
 RECORDS = """
@@ -37,6 +36,7 @@ RECORDS = """
 """
 
 
+@pytest.mark.xla  # the run sets up the emulated devices
 def test_an_entry_point_that_names_the_old_path_gets_the_plugin(tmp_path):
     """An environment installed with 0.1.0's entry point (``torchshard =
     torchshard.testing._plugin``): the shim registers as ``torchshard`` and its hooks, the
@@ -83,6 +83,7 @@ def pytester(pytester):
     return pytester
 
 
+@pytest.mark.xla  # the run sets up the emulated devices
 def test_plugin_loaded_late_from_a_conftest(pytester, monkeypatch):
     # Without entry-point autoloading, a conftest can still load the plugin; it then sets up the
     # devices in pytest_configure, after that conftest ran.
@@ -100,6 +101,7 @@ def test_plugin_loaded_late_from_a_conftest(pytester, monkeypatch):
     pytester.runpytest_subprocess().assert_outcomes(passed=1)
 
 
+@pytest.mark.xla  # the run sets up the emulated devices
 def test_plugin_loaded_late_after_a_conftest_started_torch_xla(pytester, monkeypatch):
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     pytester.makeconftest(
