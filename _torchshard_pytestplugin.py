@@ -10,12 +10,17 @@ does nothing else until a project asks for the plugin. A project asks with any o
 - ``-p torchshard``, or a conftest's ``pytest_plugins = ["torchshard"]`` (then set up after
   that conftest is imported, in ``pytest_configure``).
 
-Then, and only then, it imports torchshard's plugin (``torchshard.testing._plugin``: the CPU
+Then, and only then, it reads the device count (``--spmd-devices``, else the ini option, else
+``DEFAULT_DEVICES``), imports torchshard's plugin (``torchshard.testing._spmd``: the CPU
 emulation of the SPMD devices, set up before any conftest imports torch_xla; the fixtures; the
-``@pytest.mark.spmd`` marker) and registers it. An unrelated project's tests run untouched:
-no torch import, no environment variable set. A module outside the ``torchshard`` package
-(like hypothesis's ``_hypothesis_pytestplugin``): importing any ``torchshard.*`` module runs
-``torchshard/__init__.py``, which imports torch.
+``@pytest.mark.spmd`` marker), registers it and enables it with that count. An unrelated
+project's tests run untouched: no torch import, no environment variable set. A module outside
+the ``torchshard`` package (like hypothesis's ``_hypothesis_pytestplugin``): importing any
+``torchshard.*`` module runs ``torchshard/__init__.py``, which imports torch.
+
+The plugin never imports this module, so the two have no circle. 0.1.0's entry point,
+``torchshard.testing._plugin``, is a shim that re-exports these hooks (an environment installed
+then, a conftest's ``pytest_plugins = ["torchshard.testing._plugin"]``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import pytest
 
 ENTRY_POINT = "torchshard"  # the entry point's name: `-p no:torchshard` blocks it
 ACTIVE = "torchshard-spmd"  # the name the gate registers torchshard's plugin under
+SHIM = "torchshard.testing._plugin"  # 0.1.0's entry point: the gate's hooks, re-exported
 DEFAULT_DEVICES = 8
-_ASKED = pytest.StashKey[str]()  # how the project asked (for the report header)
+_ASKED = pytest.StashKey[str]()  # how the project asked (once decided)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,10 +75,10 @@ def _ini_set(config: pytest.Config) -> bool:
 
 def _named_explicitly(config: pytest.Config) -> bool:
     """Whether this module was registered otherwise than as the entry point (``-p`` with the
-    module's name, a conftest's ``pytest_plugins``); also for ``torchshard.testing._plugin``,
-    which re-exports these hooks for an environment whose entry point still names it."""
+    module's name, a conftest's ``pytest_plugins``); also for the shim ``SHIM``, which
+    re-exports these hooks for an environment whose entry point still names it."""
     pm = config.pluginmanager
-    for name in (__name__, "torchshard.testing._plugin"):
+    for name in (__name__, SHIM):
         module = sys.modules.get(name)
         if module is None or not pm.is_registered(module):
             continue
@@ -106,18 +112,45 @@ def asked(config: pytest.Config, options: Any) -> str | None:
     return None
 
 
+def device_count(config: pytest.Config, options: Any) -> int:
+    """The emulated device count the project asked for: ``--spmd-devices``, else the ini
+    option ``spmd_devices``, else ``DEFAULT_DEVICES`` (``-p torchshard``, ``pytest_plugins``)."""
+    value = getattr(options, "spmd_devices", None)
+    where = "--spmd-devices"
+    if value is None:
+        where = "ini option spmd_devices"
+        try:
+            value = config.getini("spmd_devices")
+        except ValueError as e:  # pytest's own coercion of the ini text to an int
+            raise pytest.UsageError(
+                f"torchshard: {where} must be a positive device count ({e})."
+            ) from None
+        if value in (None, ""):  # asked with -p torchshard (or pytest_plugins): the default
+            return DEFAULT_DEVICES
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise pytest.UsageError(
+            f"torchshard: {where} must be a positive device count, but got {value!r}."
+        )
+    return count
+
+
 def _decide(config: pytest.Config, options: Any) -> None:
     if _ASKED in config.stash:
         return
     how = asked(config, options)
     if how is None:
         return
+    count = device_count(config, options)
     config.stash[_ASKED] = how
-    from torchshard.testing import _plugin  # torch and torchshard: only when asked
+    from torchshard.testing import _spmd  # torch and torchshard: only when asked
 
-    if not config.pluginmanager.is_registered(_plugin):
-        config.pluginmanager.register(_plugin, ACTIVE)
-    _plugin.enable(config, options)
+    if not config.pluginmanager.is_registered(_spmd):
+        config.pluginmanager.register(_spmd, ACTIVE)
+    _spmd.enable(config, count, how)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -132,8 +165,3 @@ def pytest_configure(config: pytest.Config) -> None:
     # Asked before any conftest (options, ini), or by a conftest (pytest_plugins, or this
     # plugin loaded late): then set up now, after those conftests were imported.
     _decide(config, config.option)
-
-
-def how_asked(config: pytest.Config) -> str | None:
-    """How the project asked for the plugin, once decided (``None``: off)."""
-    return config.stash.get(_ASKED, None)

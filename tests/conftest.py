@@ -1,6 +1,7 @@
 """Test set-up. The 8 CPU-emulated SPMD devices come from torchshard's own pytest plugin
-(``torchshard.testing._plugin``, entry point ``pytest11``; ini ``spmd_devices`` in
-pyproject.toml), which configures torch_xla before this file is imported.
+(``torchshard.testing._spmd``, registered by its gate, the entry point ``pytest11``, as the ini
+option ``spmd_devices`` in pyproject.toml asks), which configures torch_xla before this file is
+imported.
 
 Without torch_xla (a plain install: torch and DTensor only) the XLA tests skip, saying why: a
 test module that imports torch_xla is skipped whole when collected (``xla_module`` below), and
@@ -31,7 +32,7 @@ if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
 XLA = xla_installed()
-NO_XLA = f"needs torch_xla, which is not installed (`{INSTALL_XLA}`)"
+NO_XLA = f"needs torch_xla, which is not installed ({INSTALL_XLA})"
 NO_PLUGIN = "needs the torchshard pytest plugin, disabled by -p no:torchshard"
 
 # Hypothesis profiles, chosen with --hypothesis-profile (pyproject.toml's addopts picks "ci").

@@ -13,7 +13,7 @@ Each fenced block of ``DOCUMENTS`` has a marker comment on the line above it (``
 - ``shell:NAME``: a command, run in a temporary folder with ``python`` meaning this test's
   interpreter; ``output:NAME`` is what it prints, compared exactly;
 - ``example:NAME``: run by another test, which must name the marker (the pytest plugin's
-  example, ``tests/testing/test_plugin.py``);
+  example, ``tests/testing/test_spmd.py``);
 - ``fragment:NAME``: not run (it needs a TPU, a pod or a package CI does not install); Python
   fragments must compile and shell ones must parse (``bash -n``).
 

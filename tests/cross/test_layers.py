@@ -10,7 +10,10 @@ Layers, lowest first (``docs/design.md``, "The map"):
 3. ``torchshard._place``: host -> global -> host (call, host data, validation, plan cache,
    views, placement, replicas, read-back).
 4. ``torchshard._step`` (in-step constraints and dispatch) and ``torchshard._visualize``.
-5. ``torchshard.data``; 6. ``torchshard.testing``; 7. ``torchshard`` and ``torchshard.errors``
+5. ``torchshard.data``; 6. ``torchshard.testing``, and the plugin's gate
+``_torchshard_pytestplugin`` (a top-level module, outside the package: it imports no torch until
+a project asks for the plugin; read here too, so that the gate and the plugin have no circle);
+7. ``torchshard`` and ``torchshard.errors``
 (the public re-exports), ``torchshard.integrations`` (the stacks' adapters);
 8. ``torchshard._tools`` (command line, demo, benchmarks);
 9. ``torchshard.__main__``.
@@ -32,6 +35,7 @@ import textwrap
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "torchshard"
+GATE = PACKAGE.parent / "_torchshard_pytestplugin.py"
 LAYERS = {
     "_core": 0,
     "_backend": 1,
@@ -56,7 +60,7 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {module_name(p): p for p in [*sorted(PACKAGE.rglob("*.py")), GATE]}
 
 
 def layer(module: str) -> int:
@@ -65,6 +69,8 @@ def layer(module: str) -> int:
         return PUBLIC
     if module == "torchshard.__main__":
         return MAIN
+    if module == GATE.stem:
+        return LAYERS["testing"]
     return LAYERS[parts[1]]  # a module outside every layer fails here
 
 
@@ -105,7 +111,7 @@ def internal_edges() -> list[tuple[str, str, int, bool]]:
     edges = []
     for module in MODULES:
         for target, line, typing_only in imports(module):
-            if target == "torchshard" or target.startswith("torchshard."):
+            if target in (GATE.stem, "torchshard") or target.startswith("torchshard."):
                 while target not in MODULES:  # `import torchshard._core.x as y` and friends
                     target = target.rsplit(".", 1)[0]
                 edges.append((module, target, line, typing_only))
@@ -130,6 +136,10 @@ def test_the_import_graph_has_no_circle():
     for m, t, _, typing_only in internal_edges():
         if not typing_only and t != m:
             graph[m].add(t)
+    # The gate is read with the package: it imports the plugin (when asked), the old path's
+    # shim imports the gate, and the plugin imports neither.
+    assert "torchshard.testing._spmd" in graph[GATE.stem], graph[GATE.stem]
+    assert GATE.stem in graph["torchshard.testing._plugin"]
     # A package's __init__ runs before any of its submodules; an import of a submodule is an
     # edge to the package too only when the package itself imports back (checked as written).
     state: dict[str, int] = {}
@@ -157,7 +167,7 @@ def _third_party(module: str) -> set[str]:
     return {
         t.split(".")[0]
         for t, _, _ in imports(module)
-        if not (t == "torchshard" or t.startswith("torchshard."))
+        if not (t in (GATE.stem, "torchshard") or t.startswith("torchshard."))
     }
 
 

@@ -4,13 +4,19 @@
 ``torchshard/data/_loader/loader.py`` -> ``tests/data/loader/test_loader.py``,
 ``torchshard/errors.py`` -> ``tests/test_errors.py``).
 
-Every module (but ``__init__.py`` and ``__main__.py``) has a test file of its name, and every test
-file in a mirror folder names an existing module: ``test_<name>.py``, or ``test_<name>_<what>.py``
-for a second file of one module's tests (``place/test_host_to_global_properties.py``). The
-cross-cutting suites (parity, conformance, failure modes, golden error texts, docs blocks,
-docstrings, layers, public API, examples) are in ``tests/cross/``; the helpers the tests share
-(``helpers.py``, ``_multiproc.py``, the gloo case modules, ...) are in ``tests/`` itself, and a
-mirror folder holds test files and at most a ``conftest.py``."""
+The plugin's gate, ``_torchshard_pytestplugin.py`` (a top-level module: outside the package, so
+that it imports no torch), belongs to the testing wing whose plugin it registers: its tests are
+``tests/testing/test_torchshard_pytestplugin.py``.
+
+Every module (but ``__init__.py`` and ``__main__.py``) has a test file of its name, and every
+test file in a mirror folder names an existing module: ``test_<name>.py``, or
+``test_<name>_<what>.py`` for a second file of one module's tests
+(``place/test_host_to_global_properties.py``). The cross-cutting suites (parity, conformance,
+failure modes, golden error texts, docs blocks, docstrings, layers, public API, examples) are
+in ``tests/cross/``; the helpers the tests share (``helpers.py``, ``_multiproc.py``, the gloo
+case modules, ...) are in ``tests/`` itself, and a mirror folder holds test files and at most a
+``conftest.py``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "torchshard"
 TESTS = ROOT / "tests"
+GATE = ROOT / "_torchshard_pytestplugin.py"
+GATE_WING = ("testing",)  # the gate's tests live with the plugin's
 CROSS = "cross"
 NOT_MODULES = {"__init__.py", "__main__.py"}
 
@@ -38,11 +46,12 @@ def modules() -> dict[tuple[str, ...], dict[str, pathlib.Path]]:
         name = path.stem.lstrip("_")
         assert name not in names, f"{path} and {names[name]} mirror to one test file name"
         names[name] = path
+    out[GATE_WING][GATE.stem.lstrip("_")] = GATE
     return out
 
 
 def expected_test_file(module: pathlib.Path) -> pathlib.Path:
-    folder = _mirror(module.parent.relative_to(PACKAGE).parts)
+    folder = GATE_WING if module == GATE else _mirror(module.parent.relative_to(PACKAGE).parts)
     return TESTS.joinpath(*folder, f"test_{module.stem.lstrip('_')}.py")
 
 
@@ -120,6 +129,8 @@ def test_the_rule_maps_module_names_as_documented():
     )
     assert rel("_tools/bench/_display.py") == "tests/tools/bench/test_display.py"
     assert rel("errors.py") == "tests/test_errors.py"
+    gate = expected_test_file(GATE).relative_to(ROOT).as_posix()
+    assert gate == "tests/testing/test_torchshard_pytestplugin.py"
     names = {"host_to_global": 1, "host": 1, "loader": 1}
     assert _module_named("host_to_global_properties", names) == "host_to_global"
     assert _module_named("loader", names) == "loader"

@@ -31,6 +31,8 @@ import textwrap
 import pytest
 import torch
 
+from torchshard._core.version import pip_install
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STACKS = ROOT / "examples" / "stacks"
 PAGE = "docs/stacks.md"
@@ -150,7 +152,7 @@ def test_the_example_runs_under_torchrun(tmp_path, example):
         if not hasattr(importlib.import_module(module), attribute):
             pytest.skip(f"torch {torch.__version__} has no {module}.{attribute}")
     if example.stack is not None and importlib.util.find_spec(example.stack) is None:
-        pytest.skip(f"needs {example.stack}: pip install 'torchshard[stacks]'")
+        pytest.skip(f"needs {example.stack}: {pip_install('stacks')}")
     env = {
         k: v
         for k, v in os.environ.items()

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-accelerate = pytest.importorskip(
-    "accelerate", reason="needs accelerate: pip install 'torchshard[stacks]'"
-)
+from torchshard._core.version import pip_install
+
+accelerate = pytest.importorskip("accelerate", reason=f"needs accelerate: {pip_install('stacks')}")
 
 import torchshard as ts  # noqa: E402
 from torchshard.integrations.accelerate import prepare  # noqa: E402

@@ -18,7 +18,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-pytest.importorskip("lightning", reason="needs lightning: pip install 'torchshard[stacks]'")
+from torchshard._core.version import pip_install
+
+pytest.importorskip("lightning", reason=f"needs lightning: {pip_install('stacks')}")
 import lightning as L
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 

@@ -11,8 +11,10 @@ import _stacks_cases  # noqa: F401 -- the workers import it; here it must import
 import numpy as np
 import pytest
 
+from torchshard._core.version import pip_install
+
 pytest.importorskip(
-    "torchtitan.components.dataloader", reason="needs torchtitan: pip install 'torchshard[stacks]'"
+    "torchtitan.components.dataloader", reason=f"needs torchtitan: {pip_install('stacks')}"
 )
 from torchshard.integrations.torchtitan import dataloader, dataloading_mesh
 

@@ -16,7 +16,7 @@ pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra x
 import torch_xla.distributed.spmd as xs
 
 import torchshard as ts
-from torchshard._visualize.optional import MissingDependencyError
+from torchshard.errors import MissingDependencyError
 from torchshard.testing import host_to_global_array_per_host, virtual_hosts
 
 MESH42 = np.arange(8).reshape(4, 2)

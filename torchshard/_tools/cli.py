@@ -356,7 +356,7 @@ def _layout(args: argparse.Namespace) -> int:
             f"{MAX_LAYOUT_DEVICES:,} (about 10 s), so describe a smaller mesh with the same axes"
         )
     if args.png:
-        from torchshard._visualize.optional import require_matplotlib
+        from torchshard._core.optional import require_matplotlib
 
         require_matplotlib("layout --png")
         check_output_path(args.png, overwrite=args.overwrite)

@@ -1,2 +1,2 @@
-"""Pictures of layouts: ``visualize_sharding`` and the PNG drawer (``sharding.py``), and the
-optional libraries they draw with, ``rich`` and matplotlib (``optional.py``)."""
+"""Pictures of layouts: ``visualize_sharding`` and the PNG drawer (``sharding.py``), which draw
+with the optional libraries ``rich`` and matplotlib (``torchshard._core.optional``)."""

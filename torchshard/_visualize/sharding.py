@@ -29,8 +29,8 @@ from torchshard._core.layout import (
     span_text,
     table_rows,
 )
+from torchshard._core.optional import available, require_matplotlib, require_rich
 from torchshard._mesh.context import current_topology
-from torchshard._visualize.optional import has_rich, require_matplotlib, require_rich
 
 _COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_black", "white")
 
@@ -145,7 +145,7 @@ def visualize_sharding(
         layout = layout_of_tensor(tensor_or_layout)
     file = sys.stdout if file is None else file
     if use_rich is None:
-        use_rich = has_rich()
+        use_rich = available("rich")
     if use_rich:
         render_rich(layout, file)
     else:
@@ -167,7 +167,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
         ax = fig.add_subplot()
         ax.axis("off")
         ax.table(
-            cellText=rows or [["", "", ""]],
+            cellText=rows or [("", "", "")],
             colLabels=["block", "devices", "hosts"],
             loc="center",
             cellLoc="center",

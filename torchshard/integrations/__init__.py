@@ -1,5 +1,6 @@
 """torchshard inside the stacks people train with; each module imports its stack on first use
-and none is a dependency of torchshard (``pip install 'torchshard[stacks]'`` brings them):
+and none is a dependency of torchshard (``pip install 'torchshard-input[stacks]'``, or
+``pip install -e '.[stacks]'`` from a checkout, brings them):
 
 - ``torchshard.integrations.torchtitan``: ``TorchshardDataLoader``, a torchtitan
   ``BaseDataLoader`` that wraps a torchtitan loader (or any per-rank source) in a

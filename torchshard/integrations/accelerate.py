@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
+from torchshard._core.optional import require
 from torchshard.data._loader.loader import GlobalBatchLoader
-from torchshard.integrations._optional import require
 
 
 def _already_sharded(loader: DataLoader[Any]) -> DistributedSampler[Any] | None:
@@ -47,7 +47,7 @@ def prepare(accelerator: Any, /, *objects: Any) -> Any:
         model, opt, loader = torchshard.integrations.accelerate.prepare(
             accelerator, model, opt, loader)
     """
-    accelerate = require("accelerate", "accelerate", "torchshard.integrations.accelerate")
+    accelerate = require("accelerate", "torchshard.integrations.accelerate", extra="stacks")
     if not isinstance(accelerator, accelerate.Accelerator):
         raise TypeError(
             f"prepare: expected an accelerate.Accelerator, but got {type(accelerator).__name__}."

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from torchshard._core.optional import require
 from torchshard.data._loader.loader import GlobalBatchLoader
-from torchshard.integrations._optional import require
 
 S = TypeVar("S")
 
@@ -29,11 +29,17 @@ def _strategy_types() -> tuple[type, ...]:
     found: list[type] = []
     for module in ("lightning.pytorch.strategies", "pytorch_lightning.strategies"):
         try:
-            found.append(require(module, "lightning", "passthrough").Strategy)
+            strategies = require(module, "passthrough", extra="stacks", package="lightning")
+            found.append(strategies.Strategy)
         except ImportError:
             continue
     if not found:
-        require("lightning.pytorch.strategies", "lightning", "torchshard.integrations.lightning")
+        require(
+            "lightning.pytorch.strategies",
+            "torchshard.integrations.lightning",
+            extra="stacks",
+            package="lightning",
+        )
     return tuple(found)
 
 

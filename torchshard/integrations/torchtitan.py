@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from torchshard._core.feed import feed_read_config
+from torchshard._core.optional import require
 from torchshard._core.spec import PartitionSpec
 from torchshard._mesh.mesh import Mesh
 from torchshard.data._loader.loader import GlobalBatchLoader
-from torchshard.integrations._optional import require
 
 DATALOADING_AXES = ("pp", "batch", "cp", "tp")
 
@@ -57,7 +57,7 @@ def dataloading_mesh(parallel_dims: Any) -> Mesh:
 @functools.cache
 def _loader_class() -> type:
     components = require(
-        "torchtitan.components.dataloader", "torchtitan", "torchshard.integrations.torchtitan"
+        "torchtitan.components.dataloader", "torchshard.integrations.torchtitan", extra="stacks"
     )
 
     base: Any = components.BaseDataLoader

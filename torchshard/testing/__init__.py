@@ -1,8 +1,9 @@
 """Test helpers: emulate multi-host SPMD in one process on CPU, and assert on layouts.
 
-The pytest plugin (``torchshard.testing._plugin``, registered as the ``pytest11`` entry point
-``torchshard``) sets up the CPU-emulated devices and provides the ``spmd_devices``,
-``make_mesh`` and ``virtual_hosts`` fixtures and the ``@pytest.mark.spmd(devices=[...])`` marker.
+The pytest plugin (``torchshard.testing._spmd``, registered by its gate, the ``pytest11`` entry
+point ``torchshard``, when a project asks for it) sets up the CPU-emulated devices and provides
+the ``spmd_devices``, ``make_mesh`` and ``virtual_hosts`` fixtures and the
+``@pytest.mark.spmd(devices=[...])`` marker.
 """
 
 from torchshard.testing._asserts import assert_global_equal as assert_global_equal

@@ -1,11 +1,14 @@
 """Child runs of ``@pytest.mark.spmd`` items whose device count differs from this process's.
 
 torch_xla fixes the device count when its runtime starts, so such an item is replaced by a
-``ChildRun`` item with the same node id: it starts ``python -m pytest <node id>
---spmd-devices=N`` in the project's root, where the item matches the child's count and runs
-directly, and reports the child's outcome (its failure text, skip reason or xfail) as its own.
-The child writes its test reports as JSON lines (``--spmd-report``, ``ChildReportWriter``).
-No fixture of the item is set up in this process.
+``ChildRun`` item with the same node id, which reports the child's outcome for its node id (its
+failure text, skip reason or xfail) as its own. One child runs every item of a count: the first
+``ChildRun`` of count N to run starts ``python -m pytest <node ids> --spmd-devices=N`` in the
+project's root with the node ids of all the session's ``ChildRun`` items of that count, where
+they match the child's count and run directly; the others of that count read its reports (a
+child interpreter costs torch's and torch_xla's imports, seconds). The child writes its test
+reports as JSON lines (``--spmd-report``, ``ChildReportWriter``). No fixture of the items is
+set up in this process.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,6 +26,19 @@ import pytest
 from torchshard._core.errors import ChildFailedError, at
 
 _TAIL = 60  # lines of the child's output shown when it ran no test
+
+
+@dataclass(frozen=True)
+class _Child:
+    """One child run: its command, its exit status and output, and its reports."""
+
+    command: list[str]
+    returncode: int
+    output: str
+    records: list[dict[str, Any]]
+
+
+_CHILDREN = pytest.StashKey[dict[int, _Child]]()  # the session's child runs, by device count
 
 
 class ChildRun(pytest.Item):
@@ -57,9 +74,19 @@ class ChildRun(pytest.Item):
     def reportinfo(self) -> Any:
         return self._where
 
-    def _command(self, report: str, basetemp: str) -> list[str]:
+    def _batch(self) -> list[str]:
+        """The node ids the child of this item's count runs: every ``ChildRun`` of the session
+        with that count, in the session's order (this one included)."""
+        targets = [
+            item.target
+            for item in self.session.items
+            if isinstance(item, ChildRun) and item.devices == self.devices
+        ]
+        return targets if self.target in targets else [*targets, self.target]
+
+    def _command(self, targets: list[str], report: str, basetemp: str) -> list[str]:
         config = self.config
-        cmd = [sys.executable, "-m", "pytest", self.target, f"--spmd-devices={self.devices}"]
+        cmd = [sys.executable, "-m", "pytest", *targets, f"--spmd-devices={self.devices}"]
         cmd += [f"--spmd-report={report}", f"--basetemp={basetemp}", "-p", "no:cacheprovider"]
         cmd += ["--rootdir", str(config.rootpath), "-q", "--no-header"]
         if config.inipath is not None:
@@ -71,10 +98,18 @@ class ChildRun(pytest.Item):
             cmd += ["-W", w]
         return cmd
 
-    def runtest(self) -> None:
+    def _child(self) -> _Child:
+        """The child run of this item's count: started by the first item of the count to run,
+        read by the others."""
+        children = self.config.stash.setdefault(_CHILDREN, {})
+        child = children.get(self.devices)
+        if child is not None and self.target in child.command:
+            return child
+        # The first of its count (or one the batch left out): a child for the count's items.
+        targets = self._batch() if child is None else [self.target]
         with tempfile.TemporaryDirectory(prefix="torchshard-spmd-") as tmp:
             report = os.path.join(tmp, "reports.jsonl")
-            cmd = self._command(report, os.path.join(tmp, "basetemp"))
+            cmd = self._command(targets, report, os.path.join(tmp, "basetemp"))
             proc = subprocess.run(
                 cmd,
                 cwd=self.config.rootpath,
@@ -87,6 +122,22 @@ class ChildRun(pytest.Item):
             if os.path.exists(report):
                 with open(report) as f:
                     records = [json.loads(line) for line in f if line.strip()]
+        found = _Child(cmd, proc.returncode, proc.stdout, records)
+        children.setdefault(self.devices, found)
+        return found
+
+    def _concerns(self, record: dict[str, Any]) -> bool:
+        """Whether a report of the child is this item's: its own, or a collection error of a
+        node above it (its module, its folder, the session)."""
+        nodeid = record["nodeid"]
+        if nodeid == self.target:
+            return True
+        above = nodeid == "" or self.target.startswith((f"{nodeid}::", f"{nodeid.rstrip('/')}/"))
+        return record["when"] == "collect" and above
+
+    def runtest(self) -> None:
+        child = self._child()
+        cmd, records = child.command, [r for r in child.records if self._concerns(r)]
         mine = [r for r in records if r["nodeid"] == self.target]
         for r in mine:  # the child's captured output, shown as this item's
             for title, content in r["sections"]:
@@ -101,10 +152,10 @@ class ChildRun(pytest.Item):
             text = "\n".join(f"[child, {r['when']}]\n{r['longrepr']}" for r in failed)
             raise ChildFailedError(f"{header}\n{text}")
         if not mine:
-            tail = "\n".join(proc.stdout.splitlines()[-_TAIL:])
+            tail = "\n".join(child.output.splitlines()[-_TAIL:])
             raise ChildFailedError(
                 f"{header}\nthe child ran no test with this node id (exit status "
-                f"{proc.returncode}); the end of its output:\n{tail}"
+                f"{child.returncode}); the end of its output:\n{tail}"
             )
         for r in mine:
             if r["outcome"] == "skipped":

@@ -8,7 +8,7 @@ import pytest
 
 from torchshard._tools.bench import _plot
 from torchshard._tools.bench._report import Report, Timing
-from torchshard._visualize.optional import MissingDependencyError
+from torchshard.errors import MissingDependencyError
 
 
 def _sweep_report():

@@ -1,12 +1,15 @@
 """The soak benchmark (torchshard._tools.bench.soak): its probes (the process's RSS, the loader
 threads alive) and a shortened run."""
 
+import re
+import sys
 import threading
 
 import pytest
 
 from torchshard._tools.bench import soak
 from torchshard._tools.bench._report import Report
+from torchshard.errors import MissingDependencyError
 
 
 def test_rss_is_the_processes_resident_memory():
@@ -14,6 +17,19 @@ def test_rss_is_the_processes_resident_memory():
     rss = soak._rss_mb()
     assert rss > 10
     assert abs(rss - psutil.Process().memory_info().rss / 2**20) < 64
+
+
+def test_without_psutil_the_rss_probe_names_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(
+        MissingDependencyError,
+        match=re.escape(
+            "bench soak needs psutil, which is not installed; install the optional extra with "
+            "`pip install 'torchshard-input[test]'` (from a checkout: `pip install -e "
+            "'.[test]'`), or `pip install psutil`."
+        ),
+    ):
+        soak._rss_mb()
 
 
 def test_loader_threads_are_found_by_name():

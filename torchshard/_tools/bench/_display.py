@@ -12,13 +12,13 @@ import time
 from types import TracebackType
 from typing import IO, Any
 
+from torchshard._core.optional import available
 from torchshard._tools.bench._report import Report
-from torchshard._visualize.optional import has_rich
 
 
 def use_rich(stream: IO[str], *, plain: bool) -> bool:
     """Whether to draw with rich on ``stream``: installed, a terminal, not ``--plain``."""
-    return not plain and has_rich() and stream.isatty()
+    return not plain and available("rich") and stream.isatty()
 
 
 class Progress:
@@ -105,7 +105,7 @@ def print_tables(report: Report, *, file: IO[str] | None = None, plain: bool = F
         table = Table(title="figures (best of interleaved rounds; median; spread = IQR / median)")
         justified = ("left", "left", "left", "right", "right", "right", "left")
         for name, justify in zip(report.figure_rows()[0], justified, strict=True):
-            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+            table.add_column(name, justify=justify)
         for row in report.figure_rows()[1:]:
             table.add_row(*row)
         console.print(table)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchshard._core.optional import require_matplotlib
 from torchshard._tools.bench._report import Report
 from torchshard._tools.bench.sweep import METHODS, NAME, label_bytes, size_label
-from torchshard._visualize.optional import require_matplotlib
 
 _STYLE: dict[str, dict[str, Any]] = {
     "torchshard": {"color": "C0", "marker": "o", "linewidth": 2.2},

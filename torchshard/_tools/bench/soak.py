@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
+from torchshard._core.optional import require
 from torchshard._tools.bench import _devices
 from torchshard._tools.bench._report import Report
 
@@ -29,12 +30,7 @@ GROWTH_LIMIT_MB = 50.0
 
 
 def _rss_mb() -> float:
-    try:
-        import psutil
-    except ImportError:  # pragma: no cover - psutil is in the test extras
-        raise RuntimeError(
-            "bench soak needs psutil: pip install psutil (or pip install -e '.[test]')."
-        ) from None
+    psutil = require("psutil", "bench soak", extra="test")  # in the test extra
     gc.collect()
     return psutil.Process().memory_info().rss / 2**20
 
