@@ -630,10 +630,10 @@ def mesh_axes_disagree() -> dict[str, Any]:
 def reinit_process_group() -> dict[str, Any]:
     """torchshard runs, then the program destroys the default process group and initialises
     a new one: torchshard's session, meshes and checks move to the new group. The new group's
-    store is on a new port (``TORCHSHARD_TEST_REINIT_PORT``): on the same port torch itself
-    reuses the old TCPStore server, which outlives destroy_process_group in plain torch too, and
-    its stale keys time gloo's connect out in about one run of four, with or without
-    torchshard."""
+    store is a new one on a new port, which rank 0 binds (port 0: the kernel's pick) and
+    broadcasts over the old group: on the same port torch itself reuses the old TCPStore
+    server, which outlives destroy_process_group in plain torch too, and its stale keys time
+    gloo's connect out in about one run of four, with or without torchshard."""
     import datetime
     import os
 
@@ -648,15 +648,17 @@ def reinit_process_group() -> dict[str, Any]:
         )
         before = ts.replicate_to_local_data(first)["x"].tolist()
     backend = dist.get_backend()
+    timeout = datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"]))
+    port = [None]
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout, wait_for_workers=False)
+        port = [store.port]
+    dist.broadcast_object_list(port, src=0)
+    if rank != 0:
+        store = dist.TCPStore("127.0.0.1", port[0], world, False, timeout)
     dist.barrier()
     dist.destroy_process_group()
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{os.environ['TORCHSHARD_TEST_REINIT_PORT']}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])),
-    )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     try:  # the mesh made before: its DeviceMesh's groups are the destroyed group's
         with mesh:
             ts.host_to_global_array({"x": torch.zeros(2)}, partition=ts.P("data"))

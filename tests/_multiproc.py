@@ -16,6 +16,12 @@ Every wait is bounded: the workers' collectives time out (``COLLECTIVE_TIMEOUT``
 process gives each case ``timeout`` seconds; a worker that does not answer in time, or dies,
 brings the pool down, and the error carries the workers' stderr. Messages travel as pickles
 over the workers' stdin/stdout pipes (the workers move their own stdout to stderr first).
+
+Ports: rank 0 binds its TCPStore to port 0 and reports the port the kernel gave it, which the
+test process passes on to the other ranks (and sets as their ``MASTER_PORT``). No port is
+picked free and bound later (another process, say another pytest-xdist worker starting a pool
+at the same moment, could take it in between), and each pool's store, keys included, is its
+own.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import datetime
 import importlib
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,12 +47,6 @@ _STRIPPED_ENV = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS", "XLA_USE_SPMD")
 
 class WorkerError(RuntimeError):
     """A case raised on some rank, or a worker died or did not answer in time."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class WorkerPool:
@@ -68,9 +67,8 @@ class WorkerPool:
         self._logs: list[Any] = []
         self._send: list[Connection] = []
         self._recv: list[Connection] = []
-        port = _free_port()
         base = {k: v for k, v in os.environ.items() if k not in _STRIPPED_ENV}
-        base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
         base.update(WORLD_SIZE=str(n), TORCHSHARD_TEST_COLLECTIVE_TIMEOUT=str(collective_timeout))
         base.update(env or {})
         try:
@@ -87,6 +85,9 @@ class WorkerPool:
                 self._procs.append(proc)
                 self._send.append(Connection(os.dup(proc.stdin.fileno()), readable=False))
                 self._recv.append(Connection(os.dup(proc.stdout.fileno()), writable=False))
+            (port,) = self._collect("start-up: rank 0's store", ranks=1)
+            for conn in self._send[1:]:
+                conn.send_bytes(pickle.dumps(port))
             self._collect("start-up")
         except BaseException:
             self.close()
@@ -125,10 +126,11 @@ class WorkerPool:
                 out.append(None)
         return out
 
-    def _collect(self, what: str) -> list[Any]:
+    def _collect(self, what: str, ranks: int | None = None) -> list[Any]:
+        """One result from each rank (from the first ``ranks`` only, if given)."""
         deadline = time.monotonic() + self.timeout
         results = []
-        for rank, conn in enumerate(self._recv):
+        for rank, conn in enumerate(self._recv[:ranks]):
             problem = None
             try:
                 if conn.poll(max(0.0, deadline - time.monotonic())):
@@ -139,9 +141,16 @@ class WorkerPool:
                 problem = f"rank {rank}: {e!r} (the worker died)"
             if problem is not None:
                 self.broken = True
+                # What the ranks before it raised (a rank 0 that failed after binding its store
+                # leaves the others waiting for it): the cause, ahead of the logs.
+                raised = "".join(
+                    f"--- rank {r} raised ---\n{value}\n"
+                    for r, (status, value) in enumerate(results)
+                    if status != "ok"
+                )
                 logs = self._stderr()
                 self.close()
-                raise WorkerError(f"{what}: {problem}\n{logs}")
+                raise WorkerError(f"{what}: {problem}\n{raised}{logs}")
         failed = [(rank, value) for rank, (status, value) in enumerate(results) if status != "ok"]
         if failed:
             details = "\n".join(f"--- rank {rank} ---\n{tb}" for rank, tb in failed)
@@ -206,20 +215,20 @@ def _worker_main() -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = os.environ.get(BACKEND_ENV, "gloo")
+    timeout = datetime.timedelta(seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"]))
     try:
         if "nccl" in backend:  # one GPU per rank, current before any DeviceMesh (torchrun's way)
             import torch
 
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(
-                seconds=float(os.environ["TORCHSHARD_TEST_COLLECTIVE_TIMEOUT"])
-            ),
-        )
+        if rank == 0:  # the kernel picks the port as the store binds it (see the docstring)
+            store = dist.TCPStore("127.0.0.1", 0, world, True, timeout, wait_for_workers=False)
+            out.send_bytes(pickle.dumps(("ok", store.port)))
+        else:
+            port = pickle.loads(inp.recv_bytes())  # rank 0's, from the test process
+            store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+        os.environ["MASTER_PORT"] = str(store.port)  # as torchrun sets it
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         cases = importlib.import_module(CASES_MODULE)
         out.send_bytes(pickle.dumps(("ok", rank)))
     except BaseException:  # noqa: BLE001 -- a process boundary: report, then stop

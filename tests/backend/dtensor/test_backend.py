@@ -481,11 +481,10 @@ def test_ranks_whose_meshes_name_the_axes_in_another_order_disagree(pools):
 def test_the_process_group_can_be_initialised_again_after_torchshard_ran():
     """destroy_process_group + init_process_group after torchshard's calls: torchshard's
     calls on the new group give the new values. A pool of its own: its default group is
-    replaced. (A new port: see the case's docstring.)"""
-    from _multiproc import WorkerPool, _free_port
+    replaced. (A new store on a new port: see the case's docstring.)"""
+    from _multiproc import WorkerPool
 
-    env = {"TORCHSHARD_TEST_REINIT_PORT": str(_free_port())}
-    pool = WorkerPool(2, collective_timeout=20.0, timeout=120.0, env=env)
+    pool = WorkerPool(2, collective_timeout=20.0, timeout=120.0)
     try:
         results = pool.run("reinit_process_group")
     finally:
