@@ -295,6 +295,7 @@ def pipelined_exchanges(rounds: int = 120, differ_at: int = 57) -> dict[str, Any
     channel, _ = s.open_channel("pipelined")
     dist.barrier()  # the opening exchange's keys (the main thread's channel) are written
     keys_before = default_store().num_keys()
+    dist.barrier()  # every rank counted before any writes the first exchange's keys
     verdicts: list[Any] = []
     ends: list[Any] = []
     for x in range(rounds + 1):
