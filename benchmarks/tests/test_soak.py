@@ -1,11 +1,11 @@
-"""The soak benchmark (torchshard._tools.bench.soak): its probes (the process's RSS, the loader
+"""The soak benchmark (benchmarks.soak): its probes (the process's RSS, the loader
 threads alive) and a shortened run."""
 
 import threading
 
 import pytest
 
-from torchshard._tools.bench import soak
+from benchmarks import soak
 from torchshard._tools.bench._report import Report
 
 
