@@ -18,6 +18,12 @@ a project asks for the plugin; read here too, so that the gate and the plugin ha
 8. ``torchshard._tools`` (command line, demo, benchmarks);
 9. ``torchshard.__main__``.
 
+Above them all, outside the package: the maintainers' lab, ``benchmarks/`` at the repository
+root (not in the wheel). It may import anything of torchshard; the package (and its tests, so
+that ``pytest tests`` stands alone) never imports it. The wheel's bench modules
+(``_tools/bench/``: what ``python -m torchshard bench`` runs) import torchshard's public modules
+only, besides the bench framework (``_report``, ``_display``, ``_machine``, ``_devices``).
+
 Every ``import`` statement counts, function-local ones included (they are how circles hid
 before). Imports under ``if TYPE_CHECKING:`` run no code: they may not run up a floor either,
 but they do not close a circle. The backend registry's lazy import of a backend by its module
@@ -273,11 +279,15 @@ def _reaches_xlac(path: pathlib.Path) -> bool:
 
 
 def test_torch_xla_private_api_is_reached_only_by_its_backend():
+    """... and by one bench, as its baseline: ``h2g``'s ``direct`` calls torch_xla's raw
+    ``_global_tensor_from_cpu_shards`` by hand, taken from torch_xla itself (the wheel's benches
+    reach no private torchshard module, ``test_the_wheel_s_benches_import_only_public_modules``)."""
     users = sorted(m for m, p in MODULES.items() if _reaches_xlac(p))
     assert users == [
         "torchshard._backend.xla.backend",
         "torchshard._backend.xla.env",
         "torchshard._backend.xla.runtime",
+        "torchshard._tools.bench.h2g",
     ]
 
 
@@ -353,3 +363,79 @@ def test_the_core_works_without_torch_and_the_runtimes():
     assert out.returncode == 0, out.stderr
     core = sorted(m for m in MODULES if layer(m) == 0 and m != "torchshard._core")
     assert out.stdout.split() == ["pure", str(len(core))]
+
+
+ROOT = PACKAGE.parent
+LAB = ROOT / "benchmarks"
+BENCH = "torchshard._tools.bench"
+PUBLIC_MODULES = {"torchshard", "torchshard.data", "torchshard.errors", "torchshard.testing"}
+FRAMEWORK = {f"{BENCH}.{name}" for name in ("_report", "_display", "_machine", "_devices")}
+
+
+def _torchshard_imports(module: str) -> list[tuple[str, int]]:
+    out = []
+    for target, line, _ in imports(module):
+        if target == "torchshard" or target.startswith("torchshard."):
+            while target not in MODULES:  # `import torchshard.x.y as z` and friends
+                target = target.rsplit(".", 1)[0]
+            out.append((target, line))
+    return out
+
+
+def test_the_wheel_s_benches_import_only_public_modules():
+    """``python -m torchshard bench`` measures what users can call: its bench modules import
+    ``torchshard``, ``torchshard.data``, ``torchshard.errors``, ``torchshard.testing``, the
+    bench framework and each other, nothing private (torch_xla's and torch's own calls are the
+    baselines). Design comparisons built from private code are the lab's (``benchmarks/``)."""
+    benches = {
+        m for m in MODULES if m.startswith(BENCH + ".") and not m.rpartition(".")[2].startswith("_")
+    }
+    assert benches == {f"{BENCH}.{n}" for n in ("h2g", "overhead", "dtensor", "h2d", "loader")}
+    allowed = PUBLIC_MODULES | FRAMEWORK | benches | {BENCH}
+    private = [
+        f"{m}:{line} imports {t}"
+        for m in sorted(benches)
+        for t, line in _torchshard_imports(m)
+        if t not in allowed
+    ]
+    assert private == []
+
+
+def _lab_imports(path: pathlib.Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return [n for n in names if n == "benchmarks" or n.startswith("benchmarks.")]
+
+
+def test_the_package_and_its_tests_never_import_the_lab():
+    """The lab (``benchmarks/``, a checkout's, not in the wheel) imports the package; the
+    package never imports the lab, nor do its tests (``pytest tests`` stands alone)."""
+    assert (LAB / "__init__.py").is_file()
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for folder in (PACKAGE, ROOT / "tests")
+        for path in sorted(folder.rglob("*.py"))
+        for name in _lab_imports(path)
+    ]
+    assert found == []
+
+
+def test_the_lab_imports_the_package_and_itself():
+    """Every lab module imports torchshard (it measures it) and, among first-party code, only
+    torchshard and the lab: never the suite's helpers (``tests/``), which only the lab's tests
+    use."""
+    modules = [p for p in sorted(LAB.glob("*.py")) if p.name != "__main__.py"]
+    assert {p.stem for p in modules} >= {"__init__", "cli", "soak", "sweep", "_plot"}
+    for path in modules:
+        tops = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                tops.add((node.module or "").split(".")[0])
+        assert "torchshard" in tops, path.name
+        assert not tops & {"helpers", "bench_helpers", "conftest", "tests"}, path.name

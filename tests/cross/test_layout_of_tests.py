@@ -16,6 +16,10 @@ failure modes, golden error texts, docs blocks, docstrings, layers, public API, 
 in ``tests/cross/``; the helpers the tests share (``helpers.py``, ``_multiproc.py``, the gloo
 case modules, ...) are in ``tests/`` itself, and a mirror folder holds test files and at most a
 ``conftest.py``.
+
+The maintainers' lab at the repository root follows the same rule one level down: the tests of
+``benchmarks/<name>.py`` are in ``benchmarks/tests/test_<name>.py`` (``benchmarks/_plot.py`` ->
+``benchmarks/tests/test_plot.py``), beside a ``conftest.py`` and nothing else.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ PACKAGE = ROOT / "torchshard"
 TESTS = ROOT / "tests"
 GATE = ROOT / "_torchshard_pytestplugin.py"
 GATE_WING = ("testing",)  # the gate's tests live with the plugin's
+LAB = ROOT / "benchmarks"
+LAB_TESTS = LAB / "tests"
 CROSS = "cross"
 NOT_MODULES = {"__init__.py", "__main__.py"}
 
@@ -135,3 +141,41 @@ def test_the_rule_maps_module_names_as_documented():
     assert _module_named("host_to_global_properties", names) == "host_to_global"
     assert _module_named("loader", names) == "loader"
     assert _module_named("loaders", names) is None
+
+
+def _lab_modules() -> dict[str, pathlib.Path]:
+    """``{name without leading underscores: module path}`` of the lab's modules."""
+    out: dict[str, pathlib.Path] = {}
+    for path in sorted(LAB.glob("*.py")):
+        if path.name not in NOT_MODULES:
+            name = path.stem.lstrip("_")
+            assert name not in out, f"{path} and {out[name]} mirror to one test file name"
+            out[name] = path
+    return out
+
+
+def test_every_lab_module_has_a_test_file_beside_it():
+    missing = [
+        f"{m.relative_to(ROOT)} -> {(LAB_TESTS / f'test_{name}.py').relative_to(ROOT)}"
+        for name, m in _lab_modules().items()
+        if not (LAB_TESTS / f"test_{name}.py").is_file()
+    ]
+    assert not missing, "lab modules without a test file of their name:\n" + "\n".join(missing)
+    assert "cli" in _lab_modules() and "plot" in _lab_modules()
+
+
+def test_every_lab_test_file_names_a_lab_module():
+    names = _lab_modules()
+    stray = [
+        f"{path.relative_to(ROOT)}: names no module of benchmarks/"
+        for path in sorted(LAB_TESTS.rglob("*.py"))
+        if "__pycache__" not in path.parts
+        and path.name != "conftest.py"
+        and (
+            path.parent != LAB_TESTS
+            or not path.name.startswith("test_")
+            or _module_named(path.stem.removeprefix("test_"), names) is None
+        )
+    ]
+    assert not stray, "lab test files that mirror no lab module:\n" + "\n".join(stray)
+    assert not list(LAB.glob("test_*.py")), "the lab's tests live in benchmarks/tests/"

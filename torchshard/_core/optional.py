@@ -1,13 +1,12 @@
-"""Optional dependencies: whether one can be imported, importing it, and the error that names
-what to install.
+"""Optional dependencies: whether one can be imported, importing it, and the error that names what
+to install.
 
-One helper for every optional library torchshard uses: ``rich`` (terminal tables, extra
-``pretty``), matplotlib (PNGs, extra ``plot``), the stacks of ``torchshard.integrations``
-(lightning, accelerate, torchtitan: extra ``stacks``), psutil (``bench soak``, extra ``test``).
-Each is imported only when a feature asks for it; the error is ``MissingDependencyError`` and
-its install command comes from ``version.pip_install`` (the distribution's real name,
-``torchshard-input``, and the command from a checkout). Standard library only.
-"""
+One helper for every optional library torchshard uses: ``rich`` (terminal tables, extra ``pretty``),
+matplotlib (PNGs, extra ``plot``), the stacks of ``torchshard.integrations`` (lightning, accelerate,
+torchtitan: extra ``stacks``), psutil (``python -m benchmarks soak``, extra ``test``). Each is
+imported only when a feature asks for it; the error is ``MissingDependencyError`` and its install
+command comes from ``version.pip_install`` (the distribution's real name, ``torchshard-input``, and
+the command from a checkout). Standard library only."""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ default, SPMD on) before anything imports torch_xla, unless a TPU is present, an
 meshes from the run's device count (``bench._devices``, ``_demo_common.mesh_shape``).
 ``layout`` is pure index maths and never starts torch_xla.
 
+``bench`` runs the benches of a registry module (``BENCHES``, ``NEEDS_NO_XLA``, ``PLOT``,
+``GLOO_PER_DEVICE``): the wheel's ``torchshard._tools.bench``, or, through ``run`` with a parser
+of its own, the maintainers' lab (``python -m benchmarks`` in a checkout, ``benchmarks/``),
+which reuses this machinery: options, emulation, report, tables, JSON, verdicts.
+
 Errors in what the user typed end the command with exit status 2 and one line on stderr
 (``python -m torchshard layout: error: ...``), never a traceback: argparse's own errors (one
 line, without the usage block), the option checks below (positive counts, writable output
@@ -34,6 +39,8 @@ from typing import Any, NoReturn
 DEFAULT_BENCH = "h2g"
 # ... and this one without torch_xla (a plain install): host -> global on DTensor.
 DEFAULT_BENCH_DTENSOR = "dtensor"
+# The registry of the benches ``python -m torchshard bench`` runs (the lab has its own).
+WHEEL_BENCHES = "torchshard._tools.bench"
 # ``layout`` describes at most this many devices: 65,536 take about 10 s and print as many
 # table rows; a 2048 x 2048 mesh (4 M devices) would take minutes and gigabytes.
 MAX_LAYOUT_DEVICES = 65_536
@@ -44,8 +51,8 @@ MAX_PNG_DEVICES = 1_024
 # cores) and 2**40 was a traceback from torch.
 THREADS_PER_CORE = 4
 MAX_THREADS = THREADS_PER_CORE * (os.cpu_count() or 1)
-# ``demo --backend dtensor`` and ``bench dtensor_loader`` start one gloo process per device, each
-# a Python with torch (about 300 MB, seconds to start): 512 of them would not fit a laptop.
+# ``demo --backend dtensor`` and the lab's ``dtensor_loader`` start one gloo process per device,
+# each a Python with torch (about 300 MB, seconds to start): 512 of them would not fit a laptop.
 MAX_GLOO_PROCESSES = 32
 # The XLA demo trains with autograd, and torch's autograd engine keeps its per-device queues
 # under a c10::DeviceIndex (int8): on 128 or more devices backward() fails an INTERNAL ASSERT
@@ -226,32 +233,38 @@ def check_output_path(path: str, *, overwrite: bool = True) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from torchshard._tools.bench import BENCHES
-
+    benches = importlib.import_module(args.registry)
     if args.strict and args.quick:
         raise UsageError(
             "--strict judges the targets, and --quick measures nothing worth judging (tiny "
             "sizes, 3 rounds); drop one of them"
         )
-    for path in (args.json, args.plot):
+    plot_path = args.plot
+    if plot_path and benches.PLOT is None:
+        raise UsageError(
+            "--plot draws the sweep, which is one of the maintainers' benchmarks, not in the "
+            "package: in a checkout of the repository, run `python -m benchmarks sweep --plot "
+            f"{plot_path}` from its root"
+        )
+    for path in (args.json, plot_path):
         if path:
             check_output_path(path)
     if args.name is None:
-        print(_default_bench_notice(BENCHES), file=sys.stderr)
-    names = bench_names(args.name)
-    if args.name == "all" and len(names) < len(BENCHES):
-        skipped = ", ".join(n for n in BENCHES if n not in names)
+        print(_default_bench_notice(benches.BENCHES), file=sys.stderr)
+    names = bench_names(args.name, args.registry)
+    if args.name == "all" and len(names) < len(benches.BENCHES):
+        skipped = ", ".join(n for n in benches.BENCHES if n not in names)
         print(
             f"bench all: torch_xla is not installed, so only the benches that need none run "
             f"({', '.join(names)}); skipped: {skipped}",
             file=sys.stderr,
         )
-    if args.plot:
-        from torchshard._tools.bench._plot import check_plot_available
-
-        check_plot_available()  # fail before a long run, not after it
-        if "sweep" not in names:
-            names.append("sweep")
+    plot: Any = None
+    if plot_path:
+        plot = importlib.import_module(benches.PLOT)
+        plot.check_plot_available()  # fail before a long run, not after it
+        if plot.BENCH not in names:  # the bench whose figures it draws
+            names.append(plot.BENCH)
 
     from torchshard._tools.bench._display import Progress, print_tables
     from torchshard._tools.bench._machine import machine_info
@@ -278,7 +291,7 @@ def _bench(args: argparse.Namespace) -> int:
         for bench_name in names:
             progress.start(bench_name)
             t0 = time.perf_counter()
-            importlib.import_module(BENCHES[bench_name]).run(report)
+            importlib.import_module(benches.BENCHES[bench_name]).run(report)
             report.meta["seconds"][bench_name] = round(time.perf_counter() - t0, 1)
             progress.advance()
     print_tables(report, plain=args.plain)
@@ -286,12 +299,10 @@ def _bench(args: argparse.Namespace) -> int:
         with writing(args.json):
             report.write_json(args.json)
         print(f"wrote {args.json}")
-    if args.plot:
-        from torchshard._tools.bench._plot import plot_sweep
-
-        with writing(args.plot):
-            plot_sweep(report, args.plot)
-        print(f"wrote {args.plot}")
+    if plot is not None:
+        with writing(plot_path):
+            plot.plot_sweep(report, plot_path)
+        print(f"wrote {plot_path}")
     return verdict(report, strict=args.strict)
 
 
@@ -302,14 +313,14 @@ def default_bench() -> str:
     return DEFAULT_BENCH if xla_installed() else DEFAULT_BENCH_DTENSOR
 
 
-def bench_names(name: str | None) -> list[str]:
-    """The benches ``bench NAME`` runs: ``all`` is every one (without torch_xla, every one that
-    needs none); no name is ``default_bench()``."""
+def bench_names(name: str | None, registry: str = WHEEL_BENCHES) -> list[str]:
+    """The benches ``bench NAME`` runs from ``registry``: ``all`` is every one (without
+    torch_xla, every one that needs none); no name is ``default_bench()``."""
     from torchshard._backend.xla.env import xla_installed
-    from torchshard._tools.bench import BENCHES, NEEDS_NO_XLA
 
+    benches = importlib.import_module(registry)
     if name == "all":
-        return [n for n in BENCHES if xla_installed() or n in NEEDS_NO_XLA]
+        return [n for n in benches.BENCHES if xla_installed() or n in benches.NEEDS_NO_XLA]
     return [default_bench() if name is None else name]
 
 
@@ -324,9 +335,10 @@ def _default_bench_notice(benches: dict[str, str]) -> str:
     return (
         f"bench: no name given, so running the short default, {default} ({what}). "
         f"Others: {others}. `bench all` runs all "
-        f"{len(benches)} one after another (a 2,000-batch soak and gloo process groups of 2 "
-        "and 4 among them): many minutes on a small machine, each bench's seconds recorded in "
-        "the --json file; `--quick` checks that they run, in seconds each."
+        f"{len(benches)} one after another (9 rounds of a 60-step training loop and 2 gloo "
+        "processes among them): a few minutes on an idle machine, many minutes on a small shared "
+        "one, each bench's seconds recorded in the --json file; `--quick` checks that they run, "
+        "in seconds each. The maintainers' benchmarks are in a checkout: python -m benchmarks."
     )
 
 
@@ -412,17 +424,18 @@ def check_demo_devices(args: argparse.Namespace) -> None:
 
 
 def check_bench_devices(args: argparse.Namespace) -> None:
-    """Raises ``UsageError`` when ``bench``'s ``--devices`` asks ``dtensor_loader`` (which
-    starts one gloo process per device, unless ``--quick``) for more than
-    ``MAX_GLOO_PROCESSES``."""
-    if args.quick or "dtensor_loader" not in bench_names(args.name):
+    """Raises ``UsageError`` when ``bench``'s ``--devices`` asks a bench of the registry's
+    ``GLOO_PER_DEVICE`` (the lab's ``dtensor_loader``: one gloo process per device, unless
+    ``--quick``) for more than ``MAX_GLOO_PROCESSES``."""
+    per_device = importlib.import_module(args.registry).GLOO_PER_DEVICE
+    names = [n for n in bench_names(args.name, args.registry) if n in per_device]
+    if args.quick or not names or args.devices <= MAX_GLOO_PROCESSES:
         return
-    if args.devices > MAX_GLOO_PROCESSES:
-        raise UsageError(
-            f"--devices {args.devices}: bench dtensor_loader starts one gloo process per device "
-            f"and runs at most {MAX_GLOO_PROCESSES} (each a Python with torch); pass --devices "
-            f"{MAX_GLOO_PROCESSES} or fewer (or --quick, which runs 2)"
-        )
+    raise UsageError(
+        f"--devices {args.devices}: bench {names[0]} starts one gloo process per device "
+        f"and runs at most {MAX_GLOO_PROCESSES} (each a Python with torch); pass --devices "
+        f"{MAX_GLOO_PROCESSES} or fewer (or --quick, which runs 2)"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -443,15 +456,63 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         type=_count("devices"),
         default=argparse.SUPPRESS if suppress else 8,
         help="CPU-emulated device count when no TPU is present (default 8): the demo's and "
-        "the torch_xla benches' meshes are built from it; on dtensor, the demo's and bench "
-        f"dtensor_loader's gloo processes (at most {MAX_GLOO_PROCESSES})",
+        "the torch_xla benches' meshes are built from it; on dtensor, the demo's gloo "
+        f"processes (at most {MAX_GLOO_PROCESSES})",
     )
+
+
+def add_bench_arguments(
+    parser: argparse.ArgumentParser, registry: str, *, name_required: bool
+) -> None:
+    """The bench command's arguments on ``parser``: the name (the choices are ``registry``'s
+    ``BENCHES`` and ``all``; optional, for the short default, unless ``name_required``) and the
+    options (``--plot`` shown only where the registry has a ``PLOT`` module; elsewhere it
+    says where to find it)."""
+    benches = importlib.import_module(registry)
+    choices = [*benches.BENCHES, "all"]
+    if name_required:
+        parser.add_argument("name", choices=choices)
+    else:
+        parser.add_argument("name", nargs="?", default=None, choices=choices)
+    parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        # Without a PLOT module (the wheel) the option only says where it went (_bench).
+        help="also draw a PNG of throughput against batch size (runs the sweep bench)"
+        if benches.PLOT is not None
+        else argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and 3 rounds: checks the command runs (judges no target)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a target is missed"
+    )
+    parser.add_argument("--plain", action="store_true", help="plain text output, no rich")
+    parser.add_argument(
+        "--threads",
+        type=_count("threads", maximum=MAX_THREADS, why=f"{THREADS_PER_CORE} per core"),
+        metavar="N",
+        help="torch intra-op threads (default: torch's); 1 avoids OpenMP stalls on a shared host",
+    )
+    parser.set_defaults(func=_bench, registry=registry)
+
+
+def bench_parser(prog: str, registry: str, description: str) -> argparse.ArgumentParser:
+    """A parser of the bench command alone (``prog NAME [options]``, the name required), for a
+    registry of its own: the lab's ``python -m benchmarks``; run it with ``run``."""
+    parser = _Parser(prog=prog, description=description)
+    _global_options(parser, suppress=False)
+    add_bench_arguments(parser, registry, name_required=True)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from torchshard._core.version import __version__
-    from torchshard._tools.bench import BENCHES
 
     parser = _Parser(prog="python -m torchshard")
     parser.add_argument("--version", action="version", version=f"torchshard {__version__}")
@@ -501,32 +562,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="run benchmarks, print figures and ratios",
         description=f"Without a name, runs the short default ({DEFAULT_BENCH}; without "
-        f"torch_xla, {DEFAULT_BENCH_DTENSOR}); `all` runs every bench one after another (many "
-        "minutes).",
+        f"torch_xla, {DEFAULT_BENCH_DTENSOR}); `all` runs every bench one after another "
+        "(minutes).",
     )
-    bench.add_argument("name", nargs="?", default=None, choices=[*BENCHES, "all"])
-    bench.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    bench.add_argument(
-        "--plot",
-        metavar="PATH",
-        help="also draw a PNG of throughput against batch size (runs the sweep bench)",
-    )
-    bench.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny sizes and 3 rounds: checks the command runs (judges no target)",
-    )
-    bench.add_argument(
-        "--strict", action="store_true", help="exit with status 1 when a target is missed"
-    )
-    bench.add_argument("--plain", action="store_true", help="plain text output, no rich")
-    bench.add_argument(
-        "--threads",
-        type=_count("threads", maximum=MAX_THREADS, why=f"{THREADS_PER_CORE} per core"),
-        metavar="N",
-        help="torch intra-op threads (default: torch's); 1 avoids OpenMP stalls on a shared host",
-    )
-    bench.set_defaults(func=_bench)
+    add_bench_arguments(bench, WHEEL_BENCHES, name_required=False)
     layout = sub.add_parser(
         "layout",
         parents=[common],
@@ -563,10 +602,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status."""
-    parser = build_parser()
+    return run(build_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parses ``argv`` (default ``sys.argv[1:]``) with ``parser`` (``build_parser()``, or a
+    ``bench_parser``) and runs the command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(_join_negative_values(parser, argv))
-    prefix = f"{parser.prog} {args.command}: error:"
+    command = getattr(args, "command", None)
+    prefix = f"{parser.prog} {command}: error:" if command else f"{parser.prog}: error:"
     from torchshard._core.errors import MissingDependencyError
 
     if sys.stdout is None or sys.stdout.closed:  # started with fd 1 closed (`>&-`)
@@ -578,16 +623,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     try:
-        if args.command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
+        if command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
             from torchshard._tools.demo import resolve_backend
 
             args.backend = resolve_backend(args.backend)
             args.needs_runtime = args.backend == "xla"
             check_demo_devices(args)
-        if args.command == "bench":  # the DTensor benchmarks run gloo processes only
-            from torchshard._tools.bench import NEEDS_NO_XLA
-
-            args.needs_runtime = any(n not in NEEDS_NO_XLA for n in bench_names(args.name))
+        if args.func is _bench:  # the DTensor benchmarks run gloo processes only
+            no_xla = importlib.import_module(args.registry).NEEDS_NO_XLA
+            args.needs_runtime = any(n not in no_xla for n in bench_names(args.name, args.registry))
             check_bench_devices(args)
         if getattr(args, "needs_runtime", True):
             from torchshard._backend.xla.env import setup_cpu_emulation

@@ -156,9 +156,9 @@ def train(
 ) -> Result:
     """Trains the MLP over ``processes`` gloo processes (started with ``spawn``); rank 0
     prints the progress lines (unless ``quiet``). ``agreement_check``: each process's
-    ``set_agreement_check`` (``bench dtensor_loader`` compares both). Raises ``RuntimeError``
-    when a process fails or the run takes longer than ``timeout`` seconds (the processes are
-    then stopped)."""
+    ``set_agreement_check`` (the lab's ``python -m benchmarks dtensor_loader`` compares both).
+    Raises ``RuntimeError`` when a process fails or the run takes longer than ``timeout``
+    seconds (the processes are then stopped)."""
     s = Settings(processes, steps, batch_size, workers, lr, seed, agreement_check, quiet)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()

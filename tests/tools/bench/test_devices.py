@@ -1,11 +1,14 @@
 """The torch_xla benches' sizes on any device count (``--devices N``): every row count a
-multiple of N, so dim 0 splits evenly; on 8 devices the sizes the benches document."""
+multiple of N, so dim 0 splits evenly; on 8 devices the sizes the benches document. (The lab's
+sizes, ``dispatch`` and ``ends``, are checked in ``benchmarks/tests/``.)"""
 
 import numpy as np
 import pytest
 
 import torchshard as ts
-from torchshard._tools.bench import _devices, dispatch, ends, sweep
+from torchshard._tools.bench import _devices
+
+SIZES = tuple(_devices.KIB * 4**k for k in range(9))  # the sweep's: 1 KiB, 4 KiB, ..., 64 MiB
 
 
 def test_round_up_and_the_mesh_labels():
@@ -24,25 +27,21 @@ def test_round_up_and_the_mesh_labels():
 
 @pytest.mark.parametrize("devices", [1, 3, 8, 512])
 def test_every_size_splits_evenly(devices):
-    physical = dispatch.physical_sizes(devices)
-    assert sum(physical.values()) == 1  # one judged case (the larger)
-    for p in physical:
-        assert p % (2 * devices) == 0 and p % (2 * dispatch.FEEDS) == 0
-    for nbytes in (*sweep.SIZES, 512):
-        rows, cols = sweep.batch_shape(nbytes, devices)
+    for nbytes in (*SIZES, 512):
+        rows, cols = _devices.batch_shape(nbytes, devices)
         assert rows % devices == 0 and cols >= 1
-    for quick in (True, False):
-        rows, _, _, short = ends.sizes(quick, devices)
-        assert rows % devices == 0 and short % devices == 0 and short < rows
 
 
 def test_on_8_devices_the_documented_sizes():
-    assert dispatch.physical_sizes(8) == {256: False, 1024: True}
-    assert ends.sizes(False, 8) == (ends.ROWS, ends.COLS, ends.BATCHES, ends.SHORT)
-    assert ends.sizes(True, 8) == (64, 32, 3, 24)
-    assert [sweep.batch_shape(n, 8) for n in (1024, 4096, 2**20)] == [
+    assert [_devices.batch_shape(n, 8) for n in (1024, 4096, 2**20)] == [
         (8, 32),
         (8, 128),
         (1024, 256),
     ]
-    assert dispatch.physical_sizes(512) == {1024: True}  # both round to one case
+
+
+def test_size_labels():
+    assert [_devices.size_label(n) for n in SIZES] == [
+        "1 KiB", "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB",
+    ]  # fmt: skip
+    assert _devices.size_label(3 * 2**20) == "3 MiB" and _devices.batch_shape(1024) == (8, 32)

@@ -1,16 +1,12 @@
 """The input-pipeline benchmark (torchshard._tools.bench.loader): its host batches, the timed
-loop, the GIL-stall probe, the GIL-holding loader (which restores the backend's threshold) and
-the engine transfer it times, checked against numpy slicing."""
+loop, and the loop every method feeds (its case, its batches, its step on the mesh). The lab's
+``loader_gil`` (the GIL-holding transfer) is tested in ``benchmarks/tests/test_loader_gil.py``."""
 
-import math
 import time
 
-import numpy as np
 import pytest
 import torch
-from helpers import xla_shards
 
-import torchshard as ts
 from torchshard._tools.bench import loader as bench
 
 pytestmark = pytest.mark.xla
@@ -46,31 +42,17 @@ def test_run_loop_counts_steps_and_the_wait_in_next():
     assert next(drained, None) is None
 
 
-def test_gil_stall_of_a_transfer_that_releases_the_gil_is_small():
-    stall = bench.gil_stall(lambda: time.sleep(0.001), 0.05)
-    assert 0 <= stall < 0.05
+def test_the_loop_feeds_every_device_of_the_run_one_step_at_a_time(monkeypatch):
+    import torchshard as ts
 
-
-def test_the_holding_loader_turns_the_gil_free_route_off_while_iterated(mesh8):
-    from torchshard._backend.xla import backend as xla
-
-    threshold = xla.GIL_FREE_MIN_BYTES
-    loader = bench.HoldingLoader([{"x": np.arange(8)}] * 2, partition=ts.P("data"), prefetch=0)
-    it = iter(loader)
-    assert xla.GIL_FREE_MIN_BYTES == math.inf
-    assert ts.replicate_to_local_data(next(it)["x"]).tolist() == list(range(8))
-    loader.close()
-    assert xla.GIL_FREE_MIN_BYTES == threshold
-
-
-@pytest.mark.parametrize("background", [False, True])
-def test_transfer_places_the_batch_as_the_spec_says(mesh8, background):
-    batch = {"x": torch.arange(32.0).reshape(8, 4)}
-    g = bench.transfer(batch, ts.P("data"), background)
-    for d, (ranges, data) in xla_shards(g["x"]).items():
-        assert ranges == ((d, d + 1), (0, 4)) and torch.equal(data, batch["x"][d : d + 1])
-
-
-def test_transfer_needs_a_mesh():
-    with pytest.raises(ts.errors.NoMeshError, match="transfer must be called inside"):
-        bench.transfer({"x": np.zeros(8)}, ts.P("data"), False)
+    monkeypatch.setattr(bench, "DEVICE_MS", 0.0)  # the step's sleep: nothing to wait for here
+    loop = bench.make_loop()
+    assert dict(loop.mesh.shape) == {"data": 8} and loop.spec == ts.P("data")
+    assert loop.case == "[1024,1024] f32 (8,), step 0 ms device + sync"
+    batches = list(loop.source())
+    assert len(batches) == bench.STEPS + 8 and batches[8] is loop.pool[0]
+    with loop.mesh:
+        seconds, wait = bench.run_loop(
+            (ts.host_to_global_array(b, partition=loop.spec) for b in batches), loop.step, 2
+        )
+    assert seconds >= wait >= 0

@@ -1,9 +1,15 @@
-"""Benchmarks: each compares methods in one run and reports figures and ratios.
+"""The benches users run (``python -m torchshard bench``): is torchshard the bottleneck here?
 
 A benchmark module exposes ``NAME``, ``DESCRIPTION`` and ``run(report)``; the registry below
 maps command names to modules (one line each, so that merges stay simple). ``python -m
 torchshard bench <name>`` runs one, ``bench all`` runs every one in this order; the command's
-choices come from this dict.
+choices come from this dict. The bench modules import torchshard's public modules only (and
+this package's framework: ``_report``, ``_display``, ``_machine``, ``_devices``); torch_xla's
+and torch's own calls are their baselines.
+
+The maintainers' benchmarks (design comparisons, the soak, the sweep and its plot) are not in
+the wheel: they are the lab at the repository root, ``python -m benchmarks`` (``benchmarks/``),
+which runs these too with the same machinery.
 """
 
 from __future__ import annotations
@@ -11,21 +17,16 @@ from __future__ import annotations
 BENCHES: dict[str, str] = {
     "h2g": "torchshard._tools.bench.h2g",
     "overhead": "torchshard._tools.bench.overhead",
-    "g2h": "torchshard._tools.bench.g2h",
-    "dispatch": "torchshard._tools.bench.dispatch",
     "dtensor": "torchshard._tools.bench.dtensor",
-    "dtensor_dispatch": "torchshard._tools.bench.dtensor_dispatch",
-    "dtensor_loader": "torchshard._tools.bench.dtensor_loader",
     "h2d": "torchshard._tools.bench.h2d",
     "loader": "torchshard._tools.bench.loader",
-    "soak": "torchshard._tools.bench.soak",
-    "sweep": "torchshard._tools.bench.sweep",
-    "ends": "torchshard._tools.bench.ends",
-    "epoch_check": "torchshard._tools.bench.epoch_check",
 }
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
 # run on a plain install (no torch_xla).
-NEEDS_NO_XLA: frozenset[str] = frozenset(
-    {"dtensor", "dtensor_dispatch", "dtensor_loader", "epoch_check", "h2d"}
-)
+NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "h2d"})
+
+# The module that draws ``--plot`` (none in the wheel: the lab's sweep has it), and the benches
+# that start one gloo process per ``--devices`` (none here; the CLI bounds their count).
+PLOT: str | None = None
+GLOO_PER_DEVICE: frozenset[str] = frozenset()

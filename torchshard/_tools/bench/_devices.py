@@ -4,7 +4,9 @@ Every XLA bench measures on the devices the run has (``--devices N`` CPU-emulate
 chips), not on a fixed 8: a mesh of another count than the runtime's is refused by torchshard
 (a mesh covers every device exactly once). The row counts of the batches are rounded up to a
 multiple of the device count, so dim 0 splits evenly (``host_to_global_array`` refuses uneven
-splits); with 8 devices every size and case name is the one the bench documents.
+splits); with 8 devices every size and case name is the one the bench documents. Batches of a
+byte size (``batch_shape``) and their labels (``size_label``: ``4 KiB``) are the ``overhead``
+bench's and the lab's ``sweep``'s.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from typing import Any
 
 import numpy as np
 
+KIB = 1024
+
 
 def device_count() -> int:
     """The run's device count, as torch_xla's runtime reports it."""
-    from torchshard._backend.xla import runtime as xla_runtime
+    import torch_xla.runtime as xr
 
-    return int(xla_runtime.xr().global_runtime_device_count())
+    return int(xr.global_runtime_device_count())
 
 
 def grid_shape(devices: int) -> tuple[int, int]:
@@ -53,3 +57,18 @@ def label(mesh: Any) -> str:
 def round_up(rows: int, multiple: int) -> int:
     """The least multiple of ``multiple`` that is at least ``rows`` (and at least one)."""
     return max(1, -(-rows // multiple)) * multiple
+
+
+def size_label(nbytes: int) -> str:
+    """``1024`` as ``1 KiB``, ``64 * 2**20`` as ``64 MiB``."""
+    if nbytes >= KIB * KIB:
+        return f"{nbytes // (KIB * KIB)} MiB"
+    return f"{nbytes // KIB} KiB"
+
+
+def batch_shape(nbytes: int, devices: int = 8) -> tuple[int, int]:
+    """A float32 ``[rows, cols]`` of ``nbytes``, rows a multiple of ``devices`` (one block
+    per device) and at least one column: more than ``nbytes`` only when ``devices`` rows of
+    one float each already are."""
+    rows = devices * max(1, nbytes // (devices * KIB))
+    return rows, max(1, nbytes // 4 // rows)

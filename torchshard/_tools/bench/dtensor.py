@@ -19,6 +19,7 @@ likewise (value-checked - checked).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -60,7 +61,9 @@ def run(report: Report) -> None:
 def run_gloo_workers(module: str, processes: int, env: dict[str, str] | None = None) -> Any:
     """Runs ``python -m module`` on ``processes`` fresh interpreters joined over gloo on
     127.0.0.1 (no torch_xla), with ``env`` added to their environment; returns what rank 0
-    wrote to ``TORCHSHARD_BENCH_OUT`` (JSON)."""
+    wrote to ``TORCHSHARD_BENCH_OUT`` (JSON). The workers import ``module`` from where this
+    process does (its top-level package's folder is put first on their ``PYTHONPATH``: the
+    lab's ``benchmarks`` lives in a checkout, not in site-packages)."""
     extra = env or {}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,6 +72,10 @@ def run_gloo_workers(module: str, processes: int, env: dict[str, str] | None = N
         out = os.path.join(tmp, "figures.json")
         env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(processes))
+        root = _import_root(module)
+        if root is not None:
+            path = env.get("PYTHONPATH")
+            env["PYTHONPATH"] = os.pathsep.join([root, path] if path else [root])
         env.update(OMP_NUM_THREADS="1", TORCHSHARD_BENCH_OUT=out, **extra)
         # The workers' output (gloo's connection lines) goes to a log, shown only on failure,
         # so that it does not break up the table on stdout or the progress bar on stderr.
@@ -102,6 +109,18 @@ def run_gloo_workers(module: str, processes: int, env: dict[str, str] | None = N
                 log.close()
         with open(out) as f:
             return json.load(f)
+
+
+def _import_root(module: str) -> str | None:
+    """The folder that holds ``module``'s top-level package as this process imports it, or
+    None when it is not importable (the workers then fail, saying so)."""
+    try:
+        spec = importlib.util.find_spec(module.partition(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or spec.submodule_search_locations is None:
+        return None  # not a package (or a namespace one): nothing to add
+    return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
 
 
 def finish_gloo_worker(figures: Any) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from torchshard._tools.bench import _devices
+from torchshard._tools.bench._devices import KIB, batch_shape, size_label
 from torchshard._tools.bench._report import Report, measure, paired_ratio
-from torchshard._tools.bench.h2g import methods
-from torchshard._tools.bench.sweep import KIB, batch_shape, size_label
+from torchshard._tools.bench.h2g import cpu_shards_binding, methods
 
 NAME = "overhead"
 DESCRIPTION = "per-call cost on small batches (4-256 KiB/host): torchshard vs the raw binding"
@@ -72,9 +72,7 @@ def split_views(mesh: Any, batch: dict[str, torch.Tensor]) -> Callable[[], Any]:
     wrapper's per-call cost."""
     import torch_xla.core.xla_model as xm
 
-    from torchshard._backend.xla import runtime as xla_runtime
-
-    raw = xla_runtime.cpu_shards_binding()
+    raw = cpu_shards_binding()
     op = mesh.xla_mesh.get_op_sharding((mesh.axis_names, None))
     shapes = {k: list(t.shape) for k, t in batch.items()}
 

@@ -1,9 +1,9 @@
-"""The DTensor dispatch benchmark (torchshard._tools.bench.dtensor_dispatch): its cases, and its
+"""The DTensor dispatch benchmark (benchmarks.dtensor_dispatch): its cases, and its
 run on 2 then 4 processes wired to the report, with the workers stubbed."""
 
 import pytest
 
-from torchshard._tools.bench import NEEDS_NO_XLA, dtensor_dispatch
+from benchmarks import NEEDS_NO_XLA, dtensor_dispatch
 from torchshard._tools.bench._report import Report
 
 
@@ -28,7 +28,7 @@ def test_run_records_each_process_count(monkeypatch):
     monkeypatch.setattr(dtensor_dispatch, "run_gloo_workers", workers)
     report = Report()
     dtensor_dispatch.run(report)
-    module = "torchshard._tools.bench.dtensor_dispatch"
+    module = "benchmarks.dtensor_dispatch"
     assert started == [(module, 2), (module, 4)]
     assert [(f.case, f.method, f.value) for f in report.figures] == [
         (f"{n} processes, P=256 L=128", m, pytest.approx(v))

@@ -6,7 +6,7 @@ Methods: the three of
 ``h2g`` (``torchshard``, ``direct`` = ``_global_tensor_from_cpu_shards`` by hand,
 ``to+mark_sharding``) and ``memcpy``: one plain copy of the same bytes into a preallocated host
 buffer, the local ceiling (the transfer to the devices has at least that much to move).
-``python -m torchshard bench --plot PATH`` draws these figures.
+``python -m benchmarks sweep --plot PATH`` draws these figures (``_plot``).
 
 The copy is ``np.copyto`` on the tensors' numpy views (a single-threaded memcpy), not
 ``Tensor.copy_``: above 32768 elements ``copy_`` splits the copy over torch's OpenMP threads,
@@ -23,36 +23,21 @@ import numpy as np
 import torch
 
 from torchshard._tools.bench import _devices
+from torchshard._tools.bench._devices import KIB, batch_shape, size_label
 from torchshard._tools.bench._report import Report, measure, paired_ratio
 from torchshard._tools.bench.h2g import methods
 
 NAME = "sweep"
 DESCRIPTION = "host -> global GB/s vs batch size (1 KiB - 64 MiB): torchshard, torch_xla, memcpy"
-KIB = 1024
 SIZES = tuple(KIB * 4**k for k in range(9))  # 1 KiB, 4 KiB, ..., 64 MiB
 QUICK_SIZES = (KIB, 16 * KIB)
 METHODS = ("torchshard", "direct", "to+mark_sharding", "memcpy")
-
-
-def size_label(nbytes: int) -> str:
-    """``1024`` as ``1 KiB``, ``64 * 2**20`` as ``64 MiB``."""
-    if nbytes >= KIB * KIB:
-        return f"{nbytes // (KIB * KIB)} MiB"
-    return f"{nbytes // KIB} KiB"
 
 
 def label_bytes(label: str) -> int:
     """The inverse of ``size_label``."""
     n, unit = label.split()
     return int(n) * {"KiB": KIB, "MiB": KIB * KIB}[unit]
-
-
-def batch_shape(nbytes: int, devices: int = 8) -> tuple[int, int]:
-    """A float32 ``[rows, cols]`` of ``nbytes``, rows a multiple of ``devices`` (one block
-    per device) and at least one column: more than ``nbytes`` only when ``devices`` rows of
-    one float each already are."""
-    rows = devices * max(1, nbytes // (devices * KIB))
-    return rows, max(1, nbytes // 4 // rows)
 
 
 def run(report: Report) -> None:

@@ -1,17 +1,17 @@
-"""The end-of-data and memory benchmark (torchshard._tools.bench.ends): its source, each
-method's epoch (steps, real examples, compilations), the RSS probe, and a quick run."""
+"""The end-of-data and memory benchmark (benchmarks.ends): its source, each method's epoch
+(steps, real examples, compilations), the RSS probe, a quick run, and its sizes on any device
+count (no torch_xla needed for those)."""
 
 import mmap
 
 import pytest
 import torch
 
+from benchmarks import ends as bench
 from torchshard._tools.bench import _report
-from torchshard._tools.bench import ends as bench
-
-pytestmark = pytest.mark.xla
 
 
+@pytest.mark.xla
 def test_rows_source_numbers_the_rows_of_the_epoch():
     source = bench.rows_source(2, 8, 3, 5)
     assert [b["x"].shape for b in source] == [(8, 3), (8, 3), (5, 3)]
@@ -19,6 +19,7 @@ def test_rows_source_numbers_the_rows_of_the_epoch():
     assert torch.equal(col, torch.arange(21, dtype=torch.float32) / 1000)
 
 
+@pytest.mark.xla
 def test_each_method_runs_the_epoch_it_names(mesh8):
     import torch_xla
 
@@ -33,6 +34,7 @@ def test_each_method_runs_the_epoch_it_names(mesh8):
     assert seen == {"pad": (4, 56, 4), "drop": (3, 48, 3), "as is": (4, 56, 4)}
 
 
+@pytest.mark.xla
 def test_pad_compiles_no_new_graph_at_the_end_and_as_is_does(mesh8):
     import torch_xla
 
@@ -46,6 +48,7 @@ def test_pad_compiles_no_new_graph_at_the_end_and_as_is_does(mesh8):
     assert as_is[-1] > as_is[0]
 
 
+@pytest.mark.xla
 def test_peak_rss_sees_an_allocation():
     # Fresh pages of an anonymous mapping, each written: the RSS must grow by them. (Not a numpy
     # array: late in a long test process malloc may hand back memory that is still resident,
@@ -59,11 +62,13 @@ def test_peak_rss_sees_an_allocation():
     block.close()
 
 
+@pytest.mark.xla
 def test_a_memory_epoch_in_a_fresh_process_reads_every_batch(mesh8):
     peak = bench.memory_in_a_fresh_process(2**20, n=3, rows=64, cols=64, step_ms=1)
     assert isinstance(peak, int) and peak >= 0
 
 
+@pytest.mark.xla
 def test_a_quick_run_records_every_figure(mesh8):
     _report.configure(quick=True)
     try:
@@ -82,3 +87,15 @@ def test_a_quick_run_records_every_figure(mesh8):
         ("pad", "drop"),
         ("pad", "as is"),
     }
+
+
+@pytest.mark.parametrize("devices", [1, 3, 8, 512])
+def test_every_size_splits_evenly(devices):
+    for quick in (True, False):
+        rows, _, _, short = bench.sizes(quick, devices)
+        assert rows % devices == 0 and short % devices == 0 and short < rows
+
+
+def test_on_8_devices_the_documented_sizes():
+    assert bench.sizes(False, 8) == (bench.ROWS, bench.COLS, bench.BATCHES, bench.SHORT)
+    assert bench.sizes(True, 8) == (64, 32, 3, 24)

@@ -178,7 +178,7 @@ devices = int(sys.argv[2])
 setup_cpu_emulation(devices)
 import numpy as np
 import torchshard as ts
-from torchshard._tools.bench.ends import memory_epoch
+from benchmarks.ends import memory_epoch
 args = json.loads(sys.argv[1])
 with ts.Mesh(np.arange(devices), ("data",)):
     memory_epoch(None, n=2, rows=devices, cols=8, step_ms=0)  # the runtime and the thread start
@@ -199,9 +199,9 @@ def memory_in_a_fresh_process(budget: int | None, *, devices: int = 8, **sizes: 
     """``memory_epoch`` in a new Python process: the allocator's memory kept from an earlier
     run (glibc keeps freed heap pages, and raises its mmap threshold after the first large
     free) would hide the next run's batches."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(ts_file())))
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(f))) for f in (ts_file(), __file__)}
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*sorted(roots), env.get("PYTHONPATH")) if p)
     args = json.dumps({"budget": budget, **sizes})
     out = subprocess.run(
         [sys.executable, "-c", MEMORY_MAIN, args, str(devices)],

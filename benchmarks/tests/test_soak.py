@@ -1,4 +1,4 @@
-"""The soak benchmark (torchshard._tools.bench.soak): its probes (the process's RSS, the loader
+"""The soak benchmark (benchmarks.soak): its probes (the process's RSS, the loader
 threads alive) and a shortened run."""
 
 import re
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from torchshard._tools.bench import soak
+from benchmarks import soak
 from torchshard._tools.bench._report import Report
 from torchshard.errors import MissingDependencyError
 

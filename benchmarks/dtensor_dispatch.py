@@ -38,7 +38,7 @@ def run(report: Report) -> None:
     """Starts the worker processes (2, then 4) and records their figures and ratios."""
     for n in PROCESSES:
         report.progress(f"dtensor_dispatch: {n} gloo processes")
-        secs = run_gloo_workers("torchshard._tools.bench.dtensor_dispatch", n)
+        secs = run_gloo_workers("benchmarks.dtensor_dispatch", n)
         for case, by_method in secs.items():
             name = f"{n} processes, {case}"
             for method, s in by_method.items():

@@ -1,13 +1,13 @@
-"""The sweep benchmark (torchshard._tools.bench.sweep): its sizes and labels, and its run wired to
+"""The sweep benchmark (benchmarks.sweep): its sizes and labels, and its run wired to
 the report (every method measured at every size, the ratios to torchshard)."""
 
 from __future__ import annotations
 
 import pytest
 
-from torchshard._tools.bench import BENCHES, sweep
+from benchmarks import BENCHES, sweep
+from benchmarks.sweep import SIZES, batch_shape, label_bytes, size_label
 from torchshard._tools.bench._report import Report
-from torchshard._tools.bench.sweep import SIZES, batch_shape, label_bytes, size_label
 
 
 def test_sweep_sizes():
@@ -17,7 +17,7 @@ def test_sweep_sizes():
     for n in SIZES:
         rows, cols = batch_shape(n)
         assert rows % 8 == 0 and rows * cols * 4 == n and label_bytes(size_label(n)) == n
-    assert BENCHES["sweep"] == "torchshard._tools.bench.sweep"
+    assert BENCHES["sweep"] == "benchmarks.sweep"
 
 
 @pytest.mark.xla

@@ -1,12 +1,15 @@
-"""``bench --plot``: throughput against batch size, from the ``sweep`` figures of one run."""
+"""``python -m benchmarks --plot``: throughput against batch size, from the ``sweep`` figures of
+one run."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.sweep import METHODS, NAME, label_bytes, size_label
 from torchshard._core.optional import require_matplotlib
 from torchshard._tools.bench._report import Report
-from torchshard._tools.bench.sweep import METHODS, NAME, label_bytes, size_label
+
+BENCH = NAME  # the bench whose figures it draws, added to a run that asks for --plot
 
 _STYLE: dict[str, dict[str, Any]] = {
     "torchshard": {"color": "C0", "marker": "o", "linewidth": 2.2},

@@ -1,4 +1,4 @@
-"""``bench --plot`` (torchshard._tools.bench._plot): a PNG of the sweep's figures, and the
+"""``python -m benchmarks --plot`` (benchmarks._plot): a PNG of the sweep's figures, and the
 errors before a run (matplotlib missing) and after one (no sweep figures)."""
 
 import re
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from torchshard._tools.bench import _plot
+from benchmarks import _plot
 from torchshard._tools.bench._report import Report, Timing
 from torchshard.errors import MissingDependencyError
 
@@ -52,6 +52,6 @@ def test_without_matplotlib_the_check_names_the_extra(monkeypatch):
 
 
 def test_every_sweep_method_has_a_style_and_a_label():
-    from torchshard._tools.bench.sweep import METHODS
+    from benchmarks.sweep import METHODS
 
     assert set(_plot._STYLE) == set(_plot._LABEL) == set(METHODS)

@@ -1,9 +1,9 @@
-"""The global -> host benchmark (torchshard._tools.bench.g2h): global_to_host_array against
+"""The global -> host benchmark (benchmarks.g2h): global_to_host_array against
 ``.cpu()``, on h2g's cases; its run wired to the report, with the timing stubbed."""
 
 import pytest
 
-from torchshard._tools.bench import BENCHES, g2h
+from benchmarks import BENCHES, g2h
 from torchshard._tools.bench._report import Report
 
 pytestmark = pytest.mark.xla
@@ -23,4 +23,4 @@ def test_run_records_every_case_and_the_ratio(quick, stub_measure):
         (c, "torchshard", ".cpu()", None) for c in cases
     ]
     assert len(calls["torchshard"]) == len(calls[".cpu()"]) == 2 * len(cases)
-    assert BENCHES[g2h.NAME] == "torchshard._tools.bench.g2h" and g2h.DESCRIPTION
+    assert BENCHES[g2h.NAME] == "benchmarks.g2h" and g2h.DESCRIPTION

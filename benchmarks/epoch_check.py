@@ -36,7 +36,7 @@ def run(report: Report) -> None:
     """Starts the worker processes and records their figures."""
     report.progress(f"{NAME}: {PROCESSES} gloo processes")
     env = {"TORCHSHARD_BENCH_QUICK": "1"} if report.quick else {}
-    ms = run_gloo_workers(f"torchshard._tools.bench.{NAME}", PROCESSES, env=env)
+    ms = run_gloo_workers(f"benchmarks.{NAME}", PROCESSES, env=env)
     for case, by_method in ms.items():
         for method, s in by_method.items():
             report.figure(NAME, case, method, s * 1e3, "ms/epoch")

@@ -1,16 +1,16 @@
-"""The in-step dispatch benchmark (torchshard._tools.bench.dispatch): the row-target key and the
-one-hot matrix it builds agree, the three methods give the same logical rows (the bench checks
-it on its first call), and the run records ms/step, the dispatch bytes and the ratios."""
+"""The in-step dispatch benchmark (benchmarks.dispatch): the row-target key and the one-hot
+matrix it builds agree, the three methods give the same logical rows (the bench checks it on
+its first call), the run records ms/step, the dispatch bytes and the ratios, and its sizes
+split evenly on any device count (no torch_xla needed for those)."""
 
 import numpy as np
 import pytest
 
-from torchshard._tools.bench import dispatch
+from benchmarks import dispatch
 from torchshard._tools.bench._report import Report
 
-pytestmark = pytest.mark.xla
 
-
+@pytest.mark.xla
 @pytest.mark.parametrize(("physical", "logical"), [(256, 128), (64, 8)])
 def test_keys_give_every_logical_row_once(physical, logical):
     rows, onehot = dispatch.keys(physical, logical)
@@ -24,6 +24,7 @@ def test_keys_give_every_logical_row_once(physical, logical):
         assert (onehot[p] == expected).all()
 
 
+@pytest.mark.xla
 def test_the_methods_agree_and_their_keys_have_the_bytes_they_move(mesh8):
     steps, nbytes = dispatch.methods(mesh8, 64)  # raises if a method gave other rows
     assert list(steps) == ["einsum", "index_select", "index_select(onehot)"]
@@ -32,6 +33,7 @@ def test_the_methods_agree_and_their_keys_have_the_bytes_they_move(mesh8):
     assert tuple(out.shape) == (32, dispatch.WIDTH)
 
 
+@pytest.mark.xla
 def test_run_records_times_bytes_ratios_and_a_note(monkeypatch, stub_measure):
     stub_measure(dispatch)
     steps = {m: (lambda: None) for m in ("einsum", "index_select", "index_select(onehot)")}
@@ -59,3 +61,16 @@ def test_run_records_times_bytes_ratios_and_a_note(monkeypatch, stub_measure):
     assert report.notes[-1] == (
         f"{case}: the one-hot key moves 1000 bytes per step, the row targets 100 (10x fewer)."
     )
+
+
+@pytest.mark.parametrize("devices", [1, 3, 8, 512])
+def test_every_size_splits_evenly(devices):
+    physical = dispatch.physical_sizes(devices)
+    assert sum(physical.values()) == 1  # one judged case (the larger)
+    for p in physical:
+        assert p % (2 * devices) == 0 and p % (2 * dispatch.FEEDS) == 0
+
+
+def test_on_8_devices_the_documented_sizes():
+    assert dispatch.physical_sizes(8) == {256: False, 1024: True}
+    assert dispatch.physical_sizes(512) == {1024: True}  # both round to one case

@@ -1,12 +1,12 @@
-"""The DTensor loader benchmark (torchshard._tools.bench.dtensor_loader): the demo's training
+"""The DTensor loader benchmark (benchmarks.dtensor_loader): the demo's training
 run back to back with the agreement check on and off (stubbed here: nothing is trained), its
 figures (input wait, steps/s, the difference in points) and the ratio against its target."""
 
 import pytest
 
+from benchmarks import NEEDS_NO_XLA, dtensor_loader
 from torchshard._tools import demo_dtensor
 from torchshard._tools._demo_common import Result
-from torchshard._tools.bench import NEEDS_NO_XLA, dtensor_loader
 from torchshard._tools.bench._report import Report
 
 
