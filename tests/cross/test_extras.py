@@ -26,9 +26,6 @@ ALWAYS = {"torch", "numpy", "optree", "pytest"}
 ROOTS = ("torchshard", "docs", "examples", "tests", "benchmarks", ".ci")
 TOP = ("README.md", "CHANGELOG.md", "pyproject.toml", "mkdocs.yml", "_torchshard_pytestplugin.py")
 TEXT = {".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".cfg", ".ini", ".sh", ""}
-# Quotes of the wrong command, as the reason for the distribution's name, kept as written:
-# (file, command).
-QUOTED = {("docs/design.md", "pip install 'torchshard[xla]'")}
 PIP_INSTALL = re.compile(r"""\bpip"?\s+install\b""")
 # One argument of the command: quoted, or up to a space, a backtick or the end of a sentence
 # (a parenthesis, a comma, a semicolon, a shell operator).
@@ -104,7 +101,7 @@ def test_every_install_command_names_the_distribution_or_a_checkout():
         for p in files
         for n, line in enumerate(p.read_text().splitlines(), 1)
         for command in install_commands(line)
-        if "wrong" in installs(command) and (p.relative_to(ROOT).as_posix(), command) not in QUOTED
+        if "wrong" in installs(command)
     ]
     assert wrong == [], "install commands that install the unrelated torchshard:\n" + "\n".join(
         wrong
