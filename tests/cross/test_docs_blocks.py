@@ -171,9 +171,13 @@ def test_the_readme_is_a_front_page():
 
 
 def test_the_dtensor_training_example_is_the_documented_one():
-    (block,) = [b for b in blocks("docs/training.md") if b.name == "train-dtensor"]
-    assert block.kind == "torchrun"
-    assert block.code == (ROOT / "examples" / "train_dtensor.py").read_text()
+    """The block is the example file whole, with nothing that continues it: running the file
+    (test_examples) runs the block."""
+    for (document, name), example in RUN_AS_EXAMPLES.items():
+        (block,) = [b for b in blocks(document) if b.name == name]
+        assert block.kind == "torchrun"
+        assert block.code == (ROOT / example).read_text()
+        assert [t for h, t in chains("torchrun") if h.name == name] == [[]]
 
 
 def _env() -> dict[str, str]:
@@ -217,7 +221,14 @@ def test_run_blocks(tmp_path, head, tail):
     _check(result, script)
 
 
-TORCHRUN_CHAINS = chains("torchrun") + chains("ci")
+# A block that is an example file whole runs as that file in tests/cross/test_examples.py (with
+# warnings as errors and its output checked): run once there, not twice.
+RUN_AS_EXAMPLES = {("docs/training.md", "train-dtensor"): "examples/train_dtensor.py"}
+TORCHRUN_CHAINS = [
+    (head, tail)
+    for head, tail in chains("torchrun") + chains("ci")
+    if (head.document, head.name) not in RUN_AS_EXAMPLES
+]
 
 
 @pytest.mark.parametrize(
