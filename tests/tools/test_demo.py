@@ -27,6 +27,21 @@ NO_XLA = (
 )
 
 
+def refused(capsys, *args, devices=None):
+    """``demo`` with arguments it refuses before any device starts, run in this process (the
+    checks are the command line's own; test_cli.py runs the real entry point in a subprocess):
+    ``(status, stdout, stderr)``."""
+    from torchshard._tools import cli
+
+    top = [] if devices is None else ["--devices", str(devices)]
+    try:
+        status = cli.main([*top, "demo", *args])
+    except SystemExit as e:
+        status = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, status, out, err)
+
+
 def demo(*args, devices=None, xla=True):
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
@@ -114,10 +129,10 @@ def test_demo_trains_on_any_device_count(devices, hosts, mesh):
     ],
     ids=["more-hosts-than-devices", "hosts-not-dividing", "too-many-devices", "uneven-batch"],
 )
-def test_combinations_that_cannot_work_are_refused_by_the_parser(args, message):
+def test_combinations_that_cannot_work_are_refused_by_the_parser(capsys, args, message):
     """Before any device starts: one line, exit status 2, no traceback (``--hosts 8
     --devices 4`` ended in create_device_mesh's ValueError)."""
-    run = demo("--backend", "xla", *args)
+    run = refused(capsys, "--backend", "xla", *args)
     assert (run.returncode, run.stdout) == (2, ""), run.stderr
     assert run.stderr == f"python -m torchshard demo: error: {message}\n"
 
@@ -129,7 +144,7 @@ def test_demo_fails_when_the_loss_does_not_fall():
     assert "FAILED: the loss did not fall" in run.stderr
 
 
-def test_demo_on_dtensor_refuses_virtual_hosts_uneven_batches_and_too_many_processes():
+def test_demo_on_dtensor_refuses_virtual_hosts_uneven_batches_and_too_many_processes(capsys):
     for args, message in (
         (
             ("--hosts", "2"),
@@ -154,7 +169,7 @@ def test_demo_on_dtensor_refuses_virtual_hosts_uneven_batches_and_too_many_proce
             ),
         ),
     ):
-        run = demo("--backend", "dtensor", *args, devices=2)
+        run = refused(capsys, "--backend", "dtensor", *args, devices=2)
         assert (run.returncode, run.stdout) == (2, ""), run.stderr
         assert run.stderr == f"python -m torchshard demo: error: {message}\n"
 
