@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -180,9 +180,10 @@ import numpy as np
 import torchshard as ts
 from benchmarks.ends import memory_epoch
 args = json.loads(sys.argv[1])
+budgets = args.pop("budgets")
 with ts.Mesh(np.arange(devices), ("data",)):
     memory_epoch(None, n=2, rows=devices, cols=8, step_ms=0)  # the runtime and the thread start
-    print(json.dumps(memory_epoch(**args)))
+    print(json.dumps([memory_epoch(budget, **args) for budget in budgets]))
 """
 
 
@@ -195,14 +196,18 @@ def sizes(quick: bool, devices: int) -> tuple[int, int, int, int]:
     return max(_devices.round_up(rows, devices), short + devices), cols, batches, short
 
 
-def memory_in_a_fresh_process(budget: int | None, *, devices: int = 8, **sizes: Any) -> int:
-    """``memory_epoch`` in a new Python process: the allocator's memory kept from an earlier
-    run (glibc keeps freed heap pages, and raises its mmap threshold after the first large
-    free) would hide the next run's batches."""
+def memory_in_a_fresh_process(
+    budgets: Sequence[int | None], *, devices: int = 8, **sizes: Any
+) -> list[int]:
+    """``memory_epoch`` in a new Python process, once per budget, in order: the allocator's
+    memory kept from an earlier run (glibc keeps freed heap pages, and raises its mmap threshold
+    after the first large free) would hide the next run's batches, so a figure worth reading
+    takes one process per budget (``run`` does; ``--quick``, whose figures nobody reads, runs
+    its budgets in one)."""
     roots = {os.path.dirname(os.path.dirname(os.path.abspath(f))) for f in (ts_file(), __file__)}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*sorted(roots), env.get("PYTHONPATH")) if p)
-    args = json.dumps({"budget": budget, **sizes})
+    args = json.dumps({"budgets": list(budgets), **sizes})
     out = subprocess.run(
         [sys.executable, "-c", MEMORY_MAIN, args, str(devices)],
         env=env,
@@ -213,7 +218,7 @@ def memory_in_a_fresh_process(budget: int | None, *, devices: int = 8, **sizes: 
     )
     if out.returncode != 0:
         raise RuntimeError(f"bench ends: the memory run failed:\n{out.stderr[-2000:]}")
-    return int(json.loads(out.stdout.strip().splitlines()[-1]))
+    return [int(peak) for peak in json.loads(out.stdout.strip().splitlines()[-1])]
 
 
 def ts_file() -> str:
@@ -273,17 +278,18 @@ def run(report: Report) -> None:
         big_rows = _devices.round_up(big_rows, mesh.size)
         nbytes = big_rows * big_cols * 4
         mem_case = f"{n} x [{big_rows},{big_cols}] f32 ({nbytes / 2**20:g} MiB), prefetch=8"
-        for label, budget in (
-            ("prefetch_bytes=None", None),
-            ("prefetch_bytes=2 batches", 2 * nbytes),
-        ):
-            report.progress(f"ends: peak RSS, {label}")
-            peak = memory_in_a_fresh_process(
-                budget,
+        budgets = {"prefetch_bytes=None": None, "prefetch_bytes=2 batches": 2 * nbytes}
+        report.progress("ends: peak RSS")
+        measured = dict.fromkeys(budgets, 0)
+        for group in [list(budgets)] if quick else [[label] for label in budgets]:
+            peaks = memory_in_a_fresh_process(
+                [budgets[label] for label in group],
                 devices=mesh.size,
                 n=n,
                 rows=big_rows,
                 cols=big_cols,
                 step_ms=1.0 if quick else STEP_MS,
             )
+            measured.update(zip(group, peaks, strict=True))
+        for label, peak in measured.items():
             report.figure(NAME, mem_case, f"{label}: peak RSS above start", peak / 2**20, "MiB")
