@@ -7,6 +7,8 @@ split over the "data" axis, and the step takes this process's rows with ``.to_lo
 Run: torchrun --standalone --nproc-per-node 2 examples/train_dtensor.py
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -60,6 +62,10 @@ def main() -> None:
             f"{stats.input_wait_fraction:.1%} of step time after each epoch's first batch"
         )
     assert losses[-1] < 0.5 * losses[0], losses
+    # DDP's reducer holds the process group: free it first, or gloo may abort at exit
+    # (pytorch/pytorch#190489).
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 

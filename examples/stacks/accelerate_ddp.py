@@ -10,6 +10,8 @@ and the second epoch has a new order. The inner DataLoader is refused, as accele
 shard it again.
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -105,6 +107,10 @@ def main():
             f"accelerate_ddp: {world} processes, DDP, {steps} steps over 2 epochs: the examples "
             "of every step equal accelerate's feed, losses within float rounding"
         )
+    # The models died with their functions; a cycle may keep DDP's reducer (or FSDP's
+    # state), which holds the process group: free it first, or gloo may abort at exit
+    # (pytorch/pytorch#190489).
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -8,6 +8,8 @@ docs/stacks.md), and fed the stack's own way, a ``DistributedSampler`` per rank.
 every step are equal bit for bit, and the second epoch has a new order.
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -103,6 +105,10 @@ def main():
             f"fsdp2_ddp: {world} processes, FSDP2 and DDP, {steps} steps over 2 epochs each: "
             "losses equal to a DistributedSampler feed"
         )
+    # The models died with their functions; a cycle may keep DDP's reducer (or FSDP's
+    # state), which holds the process group: free it first, or gloo may abort at exit
+    # (pytorch/pytorch#190489).
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ given. torchtitan's Trainer does not run on CPU (its meshes are on its device ty
 only its data-loading interface is used.
 """
 
+import gc
 import shutil
 import tempfile
 import types
@@ -131,6 +132,10 @@ def main():
             f"torchtitan_dp: {world} processes, FSDP2, {len(ours)} steps: losses equal to "
             "torchtitan's ParallelAwareDataloader; resumed from dcp with the same batches"
         )
+    # The models died with their functions; a cycle may keep DDP's reducer (or FSDP's
+    # state), which holds the process group: free it first, or gloo may abort at exit
+    # (pytorch/pytorch#190489).
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -9,6 +9,8 @@ sub-mesh the TP modules live on. Fed the stack's own way, a ``DistributedSampler
 rows (each tp rank slicing its part of the sequence for SP). The losses are equal bit for bit.
 """
 
+import gc
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -127,6 +129,10 @@ def main():
             "tp_sp: 4 processes on (dp=2, tp=2), TP and SP with FSDP2 over dp, 2 steps each: "
             "losses equal to a DistributedSampler feed"
         )
+    # The models died with their functions; a cycle may keep DDP's reducer (or FSDP's
+    # state), which holds the process group: free it first, or gloo may abort at exit
+    # (pytorch/pytorch#190489).
+    gc.collect()
     dist.destroy_process_group()
 
 

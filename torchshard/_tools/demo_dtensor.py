@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import multiprocessing
 import socket
 import time
@@ -56,9 +57,6 @@ class Settings:
 def _rank_main(rank: int, init_method: str, s: Settings, results: Any) -> None:
     """One gloo process: trains; rank 0 prints and reports the ``Result``."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    import torchshard as ts
 
     torch.set_num_threads(1)  # N processes share the cores
     dist.init_process_group(
@@ -68,78 +66,92 @@ def _rank_main(rank: int, init_method: str, s: Settings, results: Any) -> None:
         world_size=s.processes,
         timeout=COLLECTIVE_TIMEOUT,
     )
+    try:
+        _train_rank(rank, s, results)
+    finally:
+        # The model is gone with _train_rank's frame; DDP's reducer, which holds the process
+        # group, may still sit in a cycle: free it first, or gloo may abort at exit
+        # (pytorch/pytorch#190489).
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def _train_rank(rank: int, s: Settings, results: Any) -> None:
+    """The training of one process, inside its process group."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import torchshard as ts
+
     log: Callable[[str], None] = (
         (lambda msg: print(msg, flush=True)) if rank == 0 and not s.quiet else (lambda msg: None)
     )
-    try:
-        ts.set_agreement_check(s.agreement_check)
-        torch.manual_seed(s.seed)
-        mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
-        steps_per_epoch = 64
-        dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
-        per_process = s.batch_size // s.processes
-        with mesh:  # the feed from the mesh: the shard of the rows this process holds
-            sampler = ts.host_sampler(dataset, ts.input_partition_spec(), seed=s.seed)
-        workers = max(1, s.workers // s.processes) if s.workers > 0 else 0
-        source = host_loader(dataset, per_process, sampler, workers)
-        log(
-            f"mesh {dict(mesh.shape)}, {s.processes} gloo process(es) x {workers} DataLoader "
-            f"worker(s){' (forkserver)' if workers else ''}, global batch {s.batch_size} "
-            f"({per_process} per process), {s.steps} steps"
-        )
-        model = DistributedDataParallel(mlp())  # same seed: the same start on every process
-        optimizer = torch.optim.Adam(model.parameters(), lr=s.lr)
-        every = max(1, s.steps // 10)
-        warmup = min(3, s.steps - 1)
-        losses: list[float] = []
-        with mesh, ts.GlobalBatchLoader(source) as loader:
-            t_start = time.perf_counter()
-            t_warm, step, epoch = t_start, 0, 0
-            while step < s.steps:
-                sampler.set_epoch(epoch)
-                for batch in loader:  # DTensors, dim 0 split over every process
-                    logits = model(batch["x"].to_local())
-                    loss = torch.nn.functional.cross_entropy(logits, batch["y"].to_local())
-                    optimizer.zero_grad()
-                    loss.backward()  # DDP averages the gradients over the processes
-                    optimizer.step()
-                    mean = loss.detach().clone()
-                    dist.all_reduce(mean)  # equal rows per process: the global batch's mean
-                    losses.append(mean.item() / s.processes)
-                    step += 1
-                    if step == warmup:
-                        t_warm = time.perf_counter()
-                    if step % every == 0 or step == s.steps:
-                        elapsed = time.perf_counter() - t_warm
-                        done = step - warmup
-                        frac = _input_wait(loader.stats)
-                        rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
-                        log(f"step {step:>5}/{s.steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
-                    if step == s.steps:
-                        break
-                epoch += 1
-            elapsed = time.perf_counter() - t_warm
-            stats = loader.stats
-        # The figure reported is the process that waited most (each process's loader waits
-        # for its own DataLoader; DDP's all-reduce makes every step the slowest one's).
-        wait = torch.tensor([stats.input_wait_fraction], dtype=torch.float64)
-        dist.all_reduce(wait, op=dist.ReduceOp.MAX)
-        if rank == 0:
-            timed = max(s.steps - warmup, 1)
-            window = max(1, min(10, s.steps // 5))
-            results.put(
-                Result(
-                    first_loss=_mean(losses[:window]),
-                    last_loss=_mean(losses[-window:]),
-                    steps_per_second=timed / elapsed,
-                    examples_per_second=timed * s.batch_size / elapsed,
-                    input_wait_fraction=float(wait.item()),
-                    warmup_seconds=t_warm - t_start,
-                    warmup_wait_seconds=stats.warmup_wait_seconds,
-                )
+    ts.set_agreement_check(s.agreement_check)
+    torch.manual_seed(s.seed)
+    mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
+    steps_per_epoch = 64
+    dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
+    per_process = s.batch_size // s.processes
+    with mesh:  # the feed from the mesh: the shard of the rows this process holds
+        sampler = ts.host_sampler(dataset, ts.input_partition_spec(), seed=s.seed)
+    workers = max(1, s.workers // s.processes) if s.workers > 0 else 0
+    source = host_loader(dataset, per_process, sampler, workers)
+    log(
+        f"mesh {dict(mesh.shape)}, {s.processes} gloo process(es) x {workers} DataLoader "
+        f"worker(s){' (forkserver)' if workers else ''}, global batch {s.batch_size} "
+        f"({per_process} per process), {s.steps} steps"
+    )
+    model = DistributedDataParallel(mlp())  # same seed: the same start on every process
+    optimizer = torch.optim.Adam(model.parameters(), lr=s.lr)
+    every = max(1, s.steps // 10)
+    warmup = min(3, s.steps - 1)
+    losses: list[float] = []
+    with mesh, ts.GlobalBatchLoader(source) as loader:
+        t_start = time.perf_counter()
+        t_warm, step, epoch = t_start, 0, 0
+        while step < s.steps:
+            sampler.set_epoch(epoch)
+            for batch in loader:  # DTensors, dim 0 split over every process
+                logits = model(batch["x"].to_local())
+                loss = torch.nn.functional.cross_entropy(logits, batch["y"].to_local())
+                optimizer.zero_grad()
+                loss.backward()  # DDP averages the gradients over the processes
+                optimizer.step()
+                mean = loss.detach().clone()
+                dist.all_reduce(mean)  # equal rows per process: the global batch's mean
+                losses.append(mean.item() / s.processes)
+                step += 1
+                if step == warmup:
+                    t_warm = time.perf_counter()
+                if step % every == 0 or step == s.steps:
+                    elapsed = time.perf_counter() - t_warm
+                    done = step - warmup
+                    frac = _input_wait(loader.stats)
+                    rate = f"{done / elapsed:6.1f} steps/s" if done > 0 else " warming up"
+                    log(f"step {step:>5}/{s.steps}  loss {losses[-1]:.4f}  {rate}  {frac}")
+                if step == s.steps:
+                    break
+            epoch += 1
+        elapsed = time.perf_counter() - t_warm
+        stats = loader.stats
+    # The figure reported is the process that waited most (each process's loader waits
+    # for its own DataLoader; DDP's all-reduce makes every step the slowest one's).
+    wait = torch.tensor([stats.input_wait_fraction], dtype=torch.float64)
+    dist.all_reduce(wait, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        timed = max(s.steps - warmup, 1)
+        window = max(1, min(10, s.steps // 5))
+        results.put(
+            Result(
+                first_loss=_mean(losses[:window]),
+                last_loss=_mean(losses[-window:]),
+                steps_per_second=timed / elapsed,
+                examples_per_second=timed * s.batch_size / elapsed,
+                input_wait_fraction=float(wait.item()),
+                warmup_seconds=t_warm - t_start,
+                warmup_wait_seconds=stats.warmup_wait_seconds,
             )
-    finally:
-        dist.destroy_process_group()
+        )
 
 
 def train(
