@@ -8,6 +8,7 @@ group's timeout and that the error names torchshard's call and the ranks.
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -95,10 +96,19 @@ def peer_dies_mid_call(call: str) -> dict[str, Any]:
             if rank == 1:
                 os._exit(3)
             return _timed(lambda: ts.host_to_global_array(torch.zeros(2, 3)))
+        # Rank 1 cannot leave the call before rank 0 enters it, and rank 0 enters only after
+        # rank 1 has said it is dying: it dies in the call however slow the machine.
+        store = dist.distributed_c10d._get_default_store()
         if rank == 1:
-            threading.Timer(0.5, os._exit, args=(3,)).start()
+
+            def die() -> None:
+                store.set("peer_dies_mid_call/dying", "1")
+                os._exit(3)
+
+            threading.Timer(0.5, die).start()
         else:
-            time.sleep(1.0)  # rank 1 is waiting in the call, then dies
+            store.wait(["peer_dies_mid_call/dying"], datetime.timedelta(seconds=60))
+            time.sleep(0.5)  # rank 1 is gone, or going
         if call == "gather":
             return _timed(lambda: ts.replicate_to_local_data(g))
         return _timed(lambda: ts.maybe_shard(g, ts.P()))

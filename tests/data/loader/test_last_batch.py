@@ -366,17 +366,14 @@ def test_expected_is_a_sound_oracle():
 
 def test_gloo_uneven_streams_end_within_a_short_group_timeout():
     """With the workers' process group timeout at 5 s, each policy's epoch over streams of
-    uneven length ends on every process well within it (a process left waiting in a
-    collective would raise CollectiveError after 5 s instead)."""
-    import time
-
+    uneven length ends on every process without an error: a process left waiting in a
+    collective for a peer that had ended would raise CollectiveError after 5 s instead. (No
+    wall-clock bound: on a loaded machine an epoch that waits for no one still takes long.)"""
     from _multiproc import WorkerPool
 
     pool = WorkerPool(2, timeout=120, collective_timeout=5.0)
     try:
         for policy in ("drop", "pad"):
-            t0 = time.monotonic()
             _gloo(lambda world: pool, 2, policy, "stream", 30, 3, 2, True)
-            assert time.monotonic() - t0 < 5.0 + 8.0  # the timeout, and slack for a loaded machine
     finally:
         pool.close()

@@ -333,12 +333,13 @@ def test_an_abandoned_iterator_is_collected_and_its_thread_ends(mesh42):
     assert no_loader_thread_left()
 
 
-def _slow(entered):
-    """Batches that take 0.3 s each to read: the thread is inside the source when the
-    consumer breaks out."""
-    for i in range(100):
-        entered.set()
-        time.sleep(0.3)
+def _held(inside, release):
+    """The first batch at once; then the thread waits inside the source (reading the second)
+    until the test releases it."""
+    yield {"id": np.arange(8)}
+    inside.set()
+    assert release.wait(60)
+    for i in range(1, 100):
         yield {"id": np.arange(8) + i}
 
 
@@ -350,13 +351,13 @@ def test_a_break_then_close_or_a_new_iter_joins_the_abandoned_epochs_thread(mesh
     next epoch's, and into the interpreter's exit: an abort there); now they wait for it."""
     import threading
 
-    entered = threading.Event()
-    loader = ts.GlobalBatchLoader(_slow(entered), prefetch=2)
+    inside, release = threading.Event(), threading.Event()
+    loader = ts.GlobalBatchLoader(_held(inside, release), prefetch=2)
     for _batch in loader:
-        entered.clear()
-        assert entered.wait(30)  # the thread is reading the next batch
+        assert inside.wait(30)  # the thread is reading the next batch, held there
         break
     [abandoned] = loader_threads()  # the iterator is collected: told to stop, still reading
+    threading.Timer(0.5, release.set).start()  # the source returns while close()/iter() waits
     if then == "close()":
         loader.close()
     else:
