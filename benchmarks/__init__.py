@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "sweep": "benchmarks.sweep",
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",
+    "plan_scale": "benchmarks.plan_scale",
 }
 
 # The lab's own benchmarks (the others are the wheel's, run here too).
@@ -42,6 +43,7 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "dtensor_dispatch",
     "dtensor_loader",
     "epoch_check",
+    "plan_scale",
 }
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo

@@ -14,6 +14,8 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 
+import numpy as np
+
 from torchshard._core.errors import NonUniformShardingError, ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import (
@@ -23,6 +25,7 @@ from torchshard._core.sharding import (
     device_shard_numbers,
     dim_axes,
     dim_feeds,
+    memo,
     shard_counts,
     shard_range,
 )
@@ -123,15 +126,21 @@ def given_global_shape(
             full.append(True)
             continue
         chunk = n // k
-        parts = {h: len(held) * chunk for h, held in sorted(f.sets.items())}
-        if set(parts.values()) != {m}:
-            held = len(next(iter(f.sets.values())))
-            own = (
-                f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its devices)"
-                if len(set(parts.values())) == 1
-                else f"its own part (per host: {parts}; they differ, so only the whole dimension "
-                "serves every host)"
-            )
+        parts = sorted({size * chunk for size in f.distinct_sizes()})
+        if parts != [m]:
+            if len(parts) == 1:
+                # every host's part has one size: that of the host of the mesh's first device
+                held = len(f.held(device_process[int(mesh.devices.flat[0])]))
+                own = (
+                    f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its "
+                    "devices)"
+                )
+            else:
+                per_host = {h: size * chunk for h, size in sorted(f.sizes().items())}
+                own = (
+                    f"its own part (per host: {per_host}; they differ, so only the whole "
+                    "dimension serves every host)"
+                )
             raise ShardingError(
                 f"dim {i} of the host block has size {m}, but with global_shape {global_shape} "
                 f"a host passes along it either the whole dimension, {n} (each host then takes "
@@ -142,7 +151,7 @@ def given_global_shape(
     return tuple(full)
 
 
-@functools.lru_cache(maxsize=4096)
+@memo(4096)
 def plan_from_local(
     mesh: Mesh,
     spec: PartitionSpec,
@@ -167,24 +176,32 @@ def plan_from_local(
     feeds = dim_feeds(mesh, axes, device_process)
     counts = shard_counts(mesh, axes)
     numbers = device_shard_numbers(mesh, axes)
-    pieces = []
-    for d in devices:
-        if d not in numbers:
+    # Array work over the planned devices only (a host's few, or every device under virtual
+    # hosts), then one piece per device.
+    where = [numbers.position(d) for d in devices]
+    for d, n in zip(devices, where, strict=True):
+        if n < 0:
             raise ShardingError(f"device {d} is not in {mesh!r}.")
-        owner = device_process[d]
-        cuts = []
-        per_dim = zip(global_shape, counts, feeds, numbers[d], strict=True)
-        for dim, (n, k, f, j) in enumerate(per_dim):
-            if k == 1:
-                continue
-            chunk = n // k
-            if full[dim]:  # the host passed the whole dimension: cut by global index
-                cuts.append((dim, j * chunk, chunk))
-                continue
-            held = f.sets[owner]
-            if len(held) > 1:  # else the device gets the owner's whole local dimension
-                cuts.append((dim, held.index(j) * chunk, chunk))
-        pieces.append(DevicePiece(d, owner, tuple(cuts)))
+    owners = [device_process[d] for d in devices]
+    js = numbers.columns(where)  # [dims, planned devices]
+    cut_dims = []  # (dim, chunk, each device's start or None: no cut)
+    for dim, (n, k, f) in enumerate(zip(global_shape, counts, feeds, strict=True)):
+        if k == 1:
+            continue
+        chunk = n // k
+        if full[dim]:  # the host passed the whole dimension: cut by global index
+            cut_dims.append((dim, chunk, (js[dim] * chunk).tolist()))
+            continue
+        index, size = f.places(np.asarray(owners, dtype=np.int64), js[dim])
+        # a device whose owner holds one shard gets the owner's whole local dimension
+        starts = np.where(size > 1, index * chunk, -1).tolist()
+        cut_dims.append((dim, chunk, [None if s < 0 else s for s in starts]))
+    pieces = []
+    for i, (d, owner) in enumerate(zip(devices, owners, strict=True)):
+        cuts = tuple(
+            (dim, starts[i], chunk) for dim, chunk, starts in cut_dims if starts[i] is not None
+        )
+        pieces.append(DevicePiece(d, owner, cuts))
     return HostPlan(axes, global_shape, local_shape, tuple(pieces))
 
 

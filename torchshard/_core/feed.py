@@ -148,7 +148,7 @@ def feed_read_config(partition: Any, *, mesh: Mesh | None = None) -> dict[str, i
     f = dim_feeds(mesh, axes, topology.device_process)[0]
     if f.count is None:
         raise _not_uniform(caller, spec, mesh, 0, f.sets)
-    return {"num_shards": f.count, "shard_index": f.feed_of[topology.process_index]}
+    return {"num_shards": f.count, "shard_index": f.feed(topology.process_index)}
 
 
 def feed_slices(
@@ -223,7 +223,7 @@ def process_slice(
     f = dim_feeds(mesh, axes, topology.device_process)[dim]
     if f.count is None:
         raise _not_uniform(caller, spec, mesh, dim, f.sets)
-    held = f.sets[topology.process_index]
+    held = f.held(topology.process_index)
     if list(held) != list(range(held[0], held[0] + len(held))):
         raise ShardingError(
             f"{caller}: along dim {dim} this process's devices hold the shards {list(held)} of "

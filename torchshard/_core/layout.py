@@ -18,9 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchshard._core import checks
-from torchshard._core.blocks import block_offsets
 from torchshard._core.mesh import Mesh, topology_of
-from torchshard._core.sharding import NamedSharding, check_device_process
+from torchshard._core.sharding import (
+    NamedSharding,
+    check_device_process,
+    device_ranges,
+    dim_axes,
+)
 from torchshard._core.spec import PartitionSpec, as_partition_spec
 
 Ranges = tuple[tuple[int, int], ...]
@@ -97,9 +101,15 @@ class ShardingLayout:
         for b in self.blocks:  # one pass: linear in the devices, whatever the host count
             by_host.setdefault(b.host, []).append(b)
         out = {}
+        ndim = len(self.global_shape)
         for h in sorted(by_host):
             mine = by_host[h]
-            shape, _ = block_offsets([b.ranges for b in mine], len(self.global_shape))
+            # along each dim, the distinct ranges of its devices end to end (``block_offsets``)
+            if len(mine) == 1:
+                shape = tuple(b - a for a, b in mine[0].ranges)
+            else:
+                dims = zip(*[b.ranges for b in mine], strict=True) if ndim else ()
+                shape = tuple(sum(b - a for a, b in set(spans)) for spans in dims)
             out[h] = (tuple(b.device for b in mine), shape)
         return out
 
@@ -211,10 +221,17 @@ def describe_layout(
         owners = checks.contiguous_hosts(mesh.size, num_hosts)
         count = len(set(owners))
     check_device_process(mesh, owners)
-    index = NamedSharding(mesh, spec).devices_indices_map(shape)
-    blocks = tuple(
-        LayoutBlock(d, owners[d], tuple((s.start, s.stop) for s in index[d])) for d in sorted(index)
-    )
+    NamedSharding(mesh, spec)  # checks the spec's axes (then its length, below)
+    # The blocks from arrays (``device_ranges``), without a dict of slices per device
+    ids, starts, stops = device_ranges(mesh, dim_axes(mesh, spec, len(shape)), shape)
+    devices = ids.tolist()
+    spans = []  # per dim, each device's (start, stop): one tuple per distinct span, shared
+    for i in range(len(shape)):
+        known: dict[Span, Span] = {}
+        pairs = zip(starts[:, i].tolist(), stops[:, i].tolist(), strict=True)
+        spans.append([known.setdefault(p, p) for p in pairs])
+    ranges = list(zip(*spans, strict=True)) if spans else [()] * len(devices)
+    blocks = tuple(map(LayoutBlock, devices, [owners[d] for d in devices], ranges))
     return ShardingLayout(shape, blocks, count, mesh, spec)
 
 
@@ -224,6 +241,8 @@ def describe_layout(
 def compact(ids: Sequence[int]) -> str:
     """``[0, 1, 2, 3, 6]`` as ``0-3,6`` (runs of three or more become ranges)."""
     ids = sorted(ids)
+    if len(ids) >= 3 and ids == list(range(ids[0], ids[0] + len(ids))):  # one run: at C speed
+        return f"{ids[0]}-{ids[-1]}"
     out, i = [], 0
     while i < len(ids):
         j = i
@@ -273,7 +292,10 @@ def grid(
 def table_rows(layout: ShardingLayout) -> list[tuple[str, str, str]]:
     rows = []
     for ranges, blocks in layout.distinct_blocks.items():
-        block = "[" + ", ".join(span_text(r) for r in ranges) + "]"
+        block = "[" + ", ".join([f"{a}:{b}" for a, b in ranges]) + "]"
+        if len(blocks) == 1:  # one device (a pod's FULL batch: every row)
+            rows.append((block, str(blocks[0].device), str(blocks[0].host)))
+            continue
         rows.append(
             (block, compact([b.device for b in blocks]), compact(sorted({b.host for b in blocks})))
         )
@@ -296,15 +318,11 @@ def footer(layout: ShardingLayout) -> list[str]:
 
 
 def _box_table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [max([len(r[i]) for r in rows]) for i in range(len(rows[0]))]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    out = [rule]
-    for n, r in enumerate(rows):
-        out.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
-        if n == 0:
-            out.append(rule)
-    out.append(rule)
-    return out
+    line = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"
+    out = [line.format(*r) for r in rows]
+    return [rule, out[0], rule, *out[1:], rule]
 
 
 def render_plain(layout: ShardingLayout) -> str:

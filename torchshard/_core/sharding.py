@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from torchshard._core.mesh import Mesh, topology_of
 from torchshard._core.spec import UNCONSTRAINED, PartitionSpec, as_partition_spec, spec_entry_axes
 
 DimAxes = tuple[tuple[str, ...], ...]
+_T = TypeVar("_T")
 
 
 def dim_axes(
@@ -76,19 +77,152 @@ def shard_counts(mesh: Mesh, axes: DimAxes) -> tuple[int, ...]:
     return tuple(math.prod(mesh.shape[a] for a in dim) for dim in axes)
 
 
+class _ById:
+    """A key that stands for one object by identity (``memo`` keeps the object alive)."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, obj: object) -> None:
+        self.ident = id(obj)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _ById and other.ident == self.ident
+
+    def __hash__(self) -> int:
+        return self.ident
+
+
+_BIG = 256  # a tuple argument longer than this is keyed by identity (a topology's map)
+
+
+def memo(maxsize: int) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
+    """``functools.lru_cache`` for functions of a device -> process map: positional arguments
+    only, a tuple of more than ``_BIG`` items (``Topology.device_process``) keyed by identity,
+    not hashed (16,384 ints take ~0.1 ms to hash, on every call). The kept arguments hold each
+    such tuple alive, so its id is not reused while it keys an entry; an equal tuple that is
+    another object only misses. Results are kept, exceptions are not; cleared past
+    ``maxsize`` entries (``cache_clear()`` clears it)."""
+
+    def wrap(fn: Callable[..., _T]) -> Callable[..., _T]:
+        table: dict[tuple[Any, ...], tuple[tuple[Any, ...], _T]] = {}
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> _T:
+            key = tuple(_ById(a) if type(a) is tuple and len(a) > _BIG else a for a in args)
+            hit = table.get(key)
+            if hit is not None:
+                return hit[1]
+            out = fn(*args)
+            if len(table) >= maxsize:
+                table.clear()
+            table[key] = (args, out)
+            return out
+
+        call.cache_clear = table.clear  # type: ignore[attr-defined]
+        return call
+
+    return wrap
+
+
+@functools.lru_cache(maxsize=256)
+def _positions(mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """The device ids in flat mesh order, and per device id its flat position (``-1``: none)."""
+    ids = mesh.devices.reshape(-1)
+    position = np.full(int(ids.max()) + 1 if ids.size else 0, -1, dtype=np.int64)
+    position[ids] = np.arange(ids.size)
+    position.setflags(write=False)
+    return ids, position
+
+
 @functools.lru_cache(maxsize=4096)
-def device_shard_numbers(mesh: Mesh, axes: DimAxes) -> Mapping[int, tuple[int, ...]]:
-    """For each device id, its shard number along each dimension."""
-    names = mesh.axis_names
+def _dim_numbers(mesh: Mesh, dim: tuple[str, ...]) -> np.ndarray:
+    """Per flat mesh position, the device's shard number along a dimension split over the
+    axes ``dim`` (major to minor); read-only."""
     sizes = mesh.devices.shape
-    coords = np.indices(sizes).reshape(len(sizes), -1)  # [mesh rank, devices]
-    flat_ids = mesh.devices.reshape(-1)
-    numbers = np.zeros((len(axes), flat_ids.size), dtype=np.int64)
-    for i, dim in enumerate(axes):
-        for axis in dim:  # major to minor
-            k = names.index(axis)
-            numbers[i] = numbers[i] * sizes[k] + coords[k]
-    return {int(d): tuple(int(x) for x in numbers[:, n]) for n, d in enumerate(flat_ids)}
+    out = np.zeros(mesh.devices.size, dtype=np.int64)
+    for axis in dim:
+        k = mesh.axis_names.index(axis)
+        coord = np.arange(sizes[k], dtype=np.int64).reshape(
+            tuple(sizes[k] if a == k else 1 for a in range(len(sizes)))
+        )
+        out = out * sizes[k] + np.broadcast_to(coord, sizes).reshape(-1)
+    out.setflags(write=False)
+    return out
+
+
+class ShardNumbers(Mapping[int, tuple[int, ...]]):
+    """For each device id, its shard number along each dimension: a read-only mapping over
+    arrays (``array[:, n]`` for the device at flat mesh position ``n``), so that one device's
+    numbers cost a few array reads and no per-device object is built for the whole mesh."""
+
+    __slots__ = ("_ids", "_numbers", "_position")
+
+    def __init__(self, mesh: Mesh, axes: DimAxes) -> None:
+        self._ids, self._position = _positions(mesh)
+        self._numbers = tuple(_dim_numbers(mesh, dim) for dim in axes)  # shared per split
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The device ids, in flat mesh order."""
+        return self._ids
+
+    @property
+    def array(self) -> np.ndarray:
+        """``[dims, devices]``: shard numbers, devices in flat mesh order (a new array)."""
+        return self.columns(slice(None))
+
+    def columns(self, where: Any) -> np.ndarray:
+        """``[dims, len(where)]``: the shard numbers of the devices at flat positions
+        ``where`` (an index of numpy's: a list of positions, a slice)."""
+        if not self._numbers:
+            return np.zeros((0, self._ids[where].size), dtype=np.int64)
+        return np.stack([numbers[where] for numbers in self._numbers])
+
+    def position(self, device: object) -> int:
+        """The flat mesh position of ``device``, ``-1`` when the mesh lacks it."""
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+            return -1
+        if 0 <= device < self._position.size:
+            return int(self._position[device])
+        return -1
+
+    def __getitem__(self, device: int) -> tuple[int, ...]:
+        n = self.position(device)
+        if n < 0:
+            raise KeyError(device)
+        return tuple(int(numbers[n]) for numbers in self._numbers)
+
+    def __contains__(self, device: object) -> bool:
+        return self.position(device) >= 0
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids.tolist())
+
+    def __len__(self) -> int:
+        return int(self._ids.size)
+
+
+@functools.lru_cache(maxsize=4096)
+def device_shard_numbers(mesh: Mesh, axes: DimAxes) -> ShardNumbers:
+    """For each device id, its shard number along each dimension (numpy, O(devices) integer
+    work once per mesh and split; one device's numbers are then a few array reads)."""
+    return ShardNumbers(mesh, axes)
+
+
+def device_ranges(
+    mesh: Mesh, axes: DimAxes, shape: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The device ids, ascending, and each one's block of a ``shape`` array (``axes`` per
+    dimension): ``(ids, starts, stops)``, the last two ``[devices, dims]`` arrays of the global
+    ``[start, stop)`` per dimension (``shard_range``'s rule, in numpy)."""
+    numbers = device_shard_numbers(mesh, axes)
+    order = np.argsort(numbers.ids, kind="stable")
+    j = numbers.array[:, order]  # [dims, devices]
+    n = np.asarray(shape, dtype=np.int64).reshape(-1, 1)
+    chunk = -(-n // np.asarray(shard_counts(mesh, axes), dtype=np.int64).reshape(-1, 1))
+    starts = np.minimum(j * chunk, n)
+    stops = np.minimum((j + 1) * chunk, n)
+    return numbers.ids[order], starts.T, stops.T
 
 
 def shard_range(n: int, k: int, j: int) -> tuple[int, int]:
@@ -120,39 +254,170 @@ def check_divisible(
 
 
 class _DimFeeds:
-    """The per-process view of one dimension (see the module docstring)."""
+    """The per-process view of one dimension (see the module docstring), from arrays.
 
-    __slots__ = ("count", "feed_of", "sets", "uniform")
+    ``count`` (the feed count; ``None`` when not uniform) and ``uniform`` are computed for the
+    whole mesh with O(devices) integer work in numpy; one process's shards (``held``) and feed
+    index (``feed``) are then a few array reads. ``sets`` and ``feed_of``, dicts over every
+    process, are built only when read (error messages).
+    """
 
-    def __init__(self, sets: dict[int, tuple[int, ...]], k: int) -> None:
-        self.sets = sets  # process -> sorted shard numbers held
-        distinct = sorted(set(sets.values()), key=lambda s: s[0])
-        sizes = {len(s) for s in distinct}
-        covered = sorted(j for s in distinct for j in s)
-        self.uniform = len(sizes) == 1 and covered == list(range(k))
-        self.count = len(distinct) if self.uniform else None
-        rank = {s: r for r, s in enumerate(distinct)}
-        self.feed_of = {p: rank[s] for p, s in sets.items()}
+    __slots__ = (
+        "_k",
+        "_offsets",
+        "_pairs",
+        "_procs",
+        "_rank",
+        "_sets",
+        "count",
+        "uniform",
+    )
+
+    def __init__(self, owner: np.ndarray, shard: np.ndarray, k: int) -> None:
+        # owner, shard: per device (any order) the process that owns it and its shard number.
+        self._sets: dict[int, tuple[int, ...]] | None = None
+        self._rank: np.ndarray | None = None  # first shard of a set -> its feed index
+        self._k = k
+        if k == 1:  # not split: every process holds the one shard
+            procs = np.flatnonzero(np.bincount(owner)) if owner.size else owner
+            self._procs = procs
+            self._offsets = np.arange(procs.size + 1)
+            self._pairs = procs
+            self._rank = np.zeros(1, dtype=np.int64)
+            self.uniform, self.count = bool(procs.size), 1 if procs.size else None
+            return
+        pairs = np.sort(owner * k + shard)  # (process, shard), ascending; < devices * k
+        if pairs.size:
+            keep = np.empty(pairs.size, dtype=bool)
+            keep[0] = True
+            np.not_equal(pairs[1:], pairs[:-1], out=keep[1:])
+            pairs = pairs[keep]  # distinct
+        self._pairs = pairs  # (process, shard) as process * k + shard, distinct, ascending
+        proc, held = np.divmod(pairs, k)
+        starts = np.flatnonzero(np.concatenate(([True], proc[1:] != proc[:-1])))
+        self._procs = proc[starts]  # the processes that own a device, ascending
+        self._offsets = np.append(starts, proc.size)  # row r: held[offsets[r]:offsets[r + 1]]
+        sizes = np.diff(self._offsets)
+        uniform = False
+        if sizes.size and (sizes == sizes[0]).all():
+            rows = held.reshape(-1, int(sizes[0]))
+            first = rows[:, 0]
+            rep = np.full(k, -1, dtype=np.int64)
+            rep[first] = np.arange(first.size)  # one process per distinct first shard
+            firsts = np.flatnonzero(rep >= 0)
+            # uniform: processes with the same first shard hold the same set, and the distinct
+            # sets (one per first shard) hold every shard exactly once
+            if firsts.size * rows.shape[1] == k and (rows == rows[rep[first]]).all():
+                cover = np.bincount(rows[rep[firsts]].reshape(-1), minlength=k)
+                uniform = bool((cover == 1).all())
+            if uniform:
+                rank = np.full(k, -1, dtype=np.int64)
+                rank[firsts] = np.arange(firsts.size)
+                self._rank = rank
+        self.uniform = uniform
+        self.count = int(firsts.size) if uniform else None
+
+    def _row(self, process: int) -> int:
+        row = int(np.searchsorted(self._procs, process))
+        if row >= self._procs.size or self._procs[row] != process:
+            raise KeyError(process)
+        return row
+
+    def held(self, process: int) -> tuple[int, ...]:
+        """The sorted shard numbers ``process``'s devices hold (``KeyError``: it owns none)."""
+        row = self._row(process)
+        return tuple((self._pairs[self._offsets[row] : self._offsets[row + 1]] % self._k).tolist())
+
+    def places(self, owners: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For devices of processes ``owners`` holding ``shards`` (arrays, one entry per
+        device): each shard's index among its owner's sorted shards, and how many its owner
+        holds."""
+        rows = np.searchsorted(self._procs, owners)
+        start = self._offsets[rows]
+        size = self._offsets[rows + 1] - start
+        if self._k == 1:
+            return np.zeros_like(size), size
+        return np.searchsorted(self._pairs, owners * self._k + shards) - start, size
+
+    def feed(self, process: int) -> int:
+        """``process``'s feed index: the rank of its set, ordered by first shard (uniform
+        layouts only)."""
+        if self._rank is None:
+            raise ValueError("feed indices are defined only for a uniform dimension.")
+        return int(self._rank[self._pairs[self._offsets[self._row(process)]] % self._k])
+
+    def sizes(self) -> dict[int, int]:
+        """Per process, how many distinct shards its devices hold (a dict over every process:
+        for errors and checks that need every process)."""
+        return dict(zip(self._procs.tolist(), np.diff(self._offsets).tolist(), strict=True))
+
+    def distinct_sizes(self) -> tuple[int, ...]:
+        """The distinct numbers of shards a process holds, ascending."""
+        return tuple(sorted(set(np.diff(self._offsets).tolist())))
+
+    @property
+    def sets(self) -> dict[int, tuple[int, ...]]:
+        """``{process: sorted shard numbers held}`` for every process (built on first read)."""
+        if self._sets is None:
+            held = (self._pairs % self._k).tolist()
+            offsets = self._offsets.tolist()
+            self._sets = {
+                p: tuple(held[offsets[r] : offsets[r + 1]])
+                for r, p in enumerate(self._procs.tolist())
+            }
+        return self._sets
+
+    @property
+    def feed_of(self) -> dict[int, int]:
+        """``{process: feed index}`` for every process (uniform layouts; built when read)."""
+        return {p: self.feed(p) for p in self._procs.tolist()}
 
 
-@functools.lru_cache(maxsize=4096)
+_OWNERS: list[tuple[tuple[int, ...], np.ndarray]] = []  # by identity: a topology's map, as numpy
+
+
+def owner_array(device_process: Sequence[int]) -> np.ndarray:
+    """``device_process`` as an int64 array (kept for the last few maps, by identity: a
+    topology's map is one tuple, converted once)."""
+    for known, array in _OWNERS:
+        if known is device_process:
+            return array
+    array = np.fromiter(device_process, dtype=np.int64, count=len(device_process))
+    array.setflags(write=False)
+    if isinstance(device_process, tuple):
+        if len(_OWNERS) >= 8:
+            del _OWNERS[0]
+        _OWNERS.append((device_process, array))
+    return array
+
+
+@memo(4096)
+def _dim_feed(mesh: Mesh, dim: tuple[str, ...], device_process: tuple[int, ...]) -> _DimFeeds:
+    owner = owner_array(device_process)[_positions(mesh)[0]]  # per device, flat mesh order
+    k = math.prod(mesh.shape[a] for a in dim)
+    return _DimFeeds(owner, _dim_numbers(mesh, dim), k)
+
+
+@memo(4096)
 def dim_feeds(mesh: Mesh, axes: DimAxes, device_process: tuple[int, ...]) -> tuple[_DimFeeds, ...]:
-    """For each dimension, which shards each process holds, and whether that is uniform."""
-    numbers = device_shard_numbers(mesh, axes)
-    counts = shard_counts(mesh, axes)
-    out = []
-    for i, k in enumerate(counts):
-        sets: dict[int, set[int]] = {}
-        for d, js in numbers.items():
-            sets.setdefault(device_process[d], set()).add(js[i])
-        out.append(_DimFeeds({p: tuple(sorted(s)) for p, s in sets.items()}, k))
-    return tuple(out)
+    """For each dimension, which shards each process holds, and whether that is uniform
+    (O(devices) integer work in numpy, once per split of a dimension; the mesh must cover
+    ``device_process``'s devices)."""
+    return tuple(_dim_feed(mesh, dim, device_process) for dim in axes)
+
+
+def covers(mesh: Mesh, device_count: int) -> bool:
+    """Whether the mesh's device ids are exactly ``0..device_count-1`` (they are distinct)."""
+    devices = mesh.devices
+    return devices.size == device_count and (
+        device_count == 0 or (int(devices.min()) == 0 and int(devices.max()) == device_count - 1)
+    )
 
 
 def check_device_process(mesh: Mesh, device_process: Sequence[int]) -> None:
     """The mesh must name exactly the devices of the run (a torch_xla rule)."""
-    ids = sorted(mesh.device_ids)
-    if ids != list(range(len(device_process))):
+    if not covers(mesh, len(device_process)):
+        ids = sorted(mesh.device_ids)
         raise ShardingError(
             f"mesh {mesh!r} covers devices {ids}, but the runtime has {len(device_process)} "
             f"devices (ids 0..{len(device_process) - 1}); a mesh must cover every device "
@@ -225,15 +490,10 @@ class NamedSharding:
         last ones short or empty).
         """
         shape = tuple(int(n) for n in global_shape)
-        axes = self._dims(len(shape))
-        counts = shard_counts(self._mesh, axes)
-        numbers = device_shard_numbers(self._mesh, axes)
-        return {
-            d: tuple(
-                slice(*shard_range(n, k, j)) for n, k, j in zip(shape, counts, js, strict=True)
-            )
-            for d, js in sorted(numbers.items())
-        }
+        ids, starts, stops = device_ranges(self._mesh, self._dims(len(shape)), shape)
+        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+        index = [tuple(map(slice, a, b)) for a, b in pairs]
+        return dict(zip(ids.tolist(), index, strict=True))
 
     def shard_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of every device's block (the shape must divide evenly)."""
@@ -292,7 +552,7 @@ class NamedSharding:
         feeds = dim_feeds(self._mesh, self._dims(len(shape)), device_process)
         counts = self.shard_counts(len(shape))
         return tuple(
-            sum(_shard_size(n, k, j) for j in f.sets[process_index])
+            sum(_shard_size(n, k, j) for j in f.held(process_index))
             for n, k, f in zip(shape, counts, feeds, strict=True)
         )
 
@@ -343,4 +603,4 @@ class NamedSharding:
                 f"sets {dict(sorted(f.sets.items()))}, which do not split the shards into "
                 "equal, disjoint groups."
             )
-        return f.feed_of[process_index], f.count
+        return f.feed(process_index), f.count

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,8 +65,9 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
         if i in done:
             plans.append(None)
             continue
+        where = functools.partial(paths.__getitem__, i)  # computed only for an error
         plans.append(
-            plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, paths[i])
+            plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, where)
         )
     if backend.place.devices_in_host_memory():
         itemsizes = [t.element_size() for t in tensors[0]]
@@ -118,16 +119,17 @@ def plan_leaf(
     given: tuple[int, ...] | None,
     topology: Topology,
     devices: tuple[int, ...],
-    path: str,
+    path: str | Callable[[], str],
 ) -> HostPlan:
     """The plan of one leaf whose every host passes a block of ``shape`` (``given``: its global
-    shape, else inferred), for ``devices``; ``ShardingError`` naming ``path`` when the spec,
-    the mesh or the backend cannot take it."""
+    shape, else inferred), for ``devices``; ``ShardingError`` naming ``path`` (or what calling
+    it returns: paths are computed only for errors) when the spec, the mesh or the backend
+    cannot take it."""
     try:
         p = plan_from_local(mesh, spec, shape, topology.device_process, devices, given)
         check_layout(backend, mesh, p.axes)
     except ShardingError as e:
-        raise type(e)(at(path, str(e))) from None
+        raise type(e)(at(path if isinstance(path, str) else path(), str(e))) from None
     return p
 
 
@@ -252,7 +254,15 @@ def global_shapes(
         )
     out: list[tuple[int, ...] | None] = []
     for k, s in enumerate(shapes):
-        out.append(None if s is None else checks.shape(s, at(paths[k], "global_shape")))
+        if s is None:
+            out.append(None)
+            continue
+        try:
+            out.append(checks.shape(s, "global_shape"))
+            continue
+        except (TypeError, ValueError):
+            pass
+        checks.shape(s, at(paths[k], "global_shape"))  # raises again, naming the leaf's path
     return out
 
 

@@ -33,8 +33,7 @@ from torchshard._backend.xla.runtime import (
 )
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
-from torchshard._core.sharding import DimAxes, NamedSharding
-from torchshard._core.spec import PartitionSpec
+from torchshard._core.sharding import DimAxes, device_ranges
 from torchshard._core.topology import Topology
 
 # torch_xla 2.9's ShardingUtil (xla_sharding_util.cpp:124, "tile_assignment ranks > 5") logs
@@ -99,11 +98,12 @@ def _sharding_spec(mesh: Mesh, axes: DimAxes, shape: tuple[int, ...], dtype: tor
     if not any(axes):
         return _xla_sharding_spec(probe, [], kind.REPLICATED, False)
     count = topology().device_count
-    tiles = NamedSharding(mesh, PartitionSpec(axes[0])).devices_indices_map((count,))
-    order = [0] * count
-    for device, (rows,) in tiles.items():
-        order[rows.start] = device
-    tile_assignment = np.asarray(order).reshape((count,) + (1,) * (len(shape) - 1)).tolist()
+    # Dim 0 is split over every device (``_split_over_every_device``): one row each, so the
+    # device whose row is ``r`` is the tile at ``r`` (numpy: no object per device of the pod).
+    ids, starts, _ = device_ranges(mesh, (axes[0],), (count,))
+    order = np.zeros(count, dtype=np.int64)
+    order[starts[:, 0]] = ids
+    tile_assignment = order.reshape((count,) + (1,) * (len(shape) - 1)).tolist()
     return _xla_sharding_spec(probe, tile_assignment, kind.TILED, True)
 
 
