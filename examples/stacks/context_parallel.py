@@ -10,8 +10,6 @@ rank's block of tokens, labels and positions is equal. CP training does not run 
 SDPA has no CPU kernel), so the check is the sharding, not a loss.
 """
 
-import gc
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -66,10 +64,6 @@ def main():
             f"context_parallel: {world} processes on (dp={dp}, cp={cp}), {SEQ} tokens: every "
             "rank's tokens, labels and positions equal torch's context_parallel shard"
         )
-    # The models died with their functions; a cycle may keep DDP's reducer (or FSDP's
-    # state), which holds the process group: free it first, or gloo may abort at exit
-    # (pytorch/pytorch#190489).
-    gc.collect()
     dist.destroy_process_group()
 
 

@@ -140,8 +140,8 @@ def test_a_slow_first_batch_is_the_warm_up_not_the_input_wait(mesh8, prefetch):
     wall = time.perf_counter() - start
     stats = loader.stats
     assert (stats.batches, stats.warmup_batches) == (12, 2)
-    # 2 x 0.4 s, less the head start a prefetching thread has on the consumer's first wait
-    assert stats.warmup_wait_seconds >= 0.5
+    # 2 x 0.4 s; with a prefetching thread, less the head start it has on the consumer's wait
+    assert stats.warmup_wait_seconds >= (0.8 if prefetch == 0 else 0.5)
     assert stats.warmup_wait_seconds <= stats.wait_seconds
     assert stats.wait_seconds / wall > 0.5  # the newcomer's figure: the warm-up dominates
     assert stats.input_wait_fraction < 0.3  # the step time is the 10 steps' sleeps and waits
