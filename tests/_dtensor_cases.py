@@ -464,7 +464,9 @@ def reference_training(steps: int = 3, batch: int = 16) -> dict[str, Any]:
 def loader_thread(calls: int = 20) -> dict[str, Any]:
     """A background thread assembles batches (with the agreement check's collective) while
     the main thread runs a step's collectives: they use different process groups, so neither
-    waits for the other's collectives nor receives their data."""
+    waits for the other's collectives nor receives their data. The thread's calls are on a
+    stream of their own (``call_stream``): two threads making calls at the same time on one
+    stream would pair with the other processes' in either order."""
     import threading
 
     import torch.distributed as dist
@@ -478,7 +480,7 @@ def loader_thread(calls: int = 20) -> dict[str, Any]:
 
     def load() -> None:
         try:
-            with mesh:
+            with mesh, ts.call_stream("loader"):
                 for i in range(calls):
                     x = torch.full((2, 3), float(rank + i))
                     shapes.append(tuple(ts.host_to_global_array(x).shape))

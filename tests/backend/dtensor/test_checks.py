@@ -12,30 +12,33 @@ import torch
 
 import torchshard as ts
 from torchshard._backend.dtensor import checks
+from torchshard._core.verdict import Verdict
 
 CASES = "_collective_cases:"
 
 
 def test_in_step_drops_the_call_names_when_the_processes_agree():
-    assert checks.in_step("host_arrays", None) is None  # they agree: nothing to report
+    agreed = checks.in_step("host_arrays", Verdict.of([["host_arrays", "a"]] * 3))
+    assert agreed.agreed and [g.items for g in agreed.groups] == [("a",)]
     every = [["host_arrays", "a", "b"], ["host_arrays", "a", "c"]]
-    assert checks.in_step("host_arrays", every) == [["a", "b"], ["a", "c"]]
+    differ = checks.in_step("host_arrays", Verdict.of(every))
+    assert differ.per_process() == [("a", "b"), ("a", "c")]
 
 
-def test_in_step_names_each_ranks_call_when_they_are_out_of_step():
+def test_in_step_names_each_calls_ranks_when_they_are_out_of_step():
     every = [["host_arrays", "x"], ["GlobalBatchLoader: batch 3", "x"], ["host_arrays", "x"]]
     with pytest.raises(
         ts.errors.ProcessDisagreementError,
         match="^"
         + re.escape(
             "host_arrays: the processes are out of step, each in another torchshard call "
-            "(rank 0: host_arrays; rank 1: GlobalBatchLoader: batch 3; rank 2: host_arrays). "
+            "(ranks 0, 2: host_arrays; rank 1: GlobalBatchLoader: batch 3). "
             "Every process must make the same torchshard calls in the same order (the same "
             "host_to_global_array calls, the same loader batches, the same read-backs)."
         )
         + "$",
     ):
-        checks.in_step("host_arrays", every)
+        checks.in_step("host_arrays", Verdict.of(every))
 
 
 def test_the_checksum_is_blake2b_of_the_bytes():

@@ -7,6 +7,7 @@ the epoch's end; and the pure parts (padding, the decision every process takes).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -18,7 +19,17 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, DistributedSampler
 
 import torchshard as ts
-from torchshard.data._loader.last_batch import ENDED, Template, check_policy, rows_status, settle
+from torchshard._core.verdict import Verdict
+from torchshard.data._loader.last_batch import (
+    ENDED,
+    ENDED_EMPTY,
+    Template,
+    check_policy,
+    rows_status,
+    settle,
+    status_counts,
+    status_items,
+)
 
 CASES = "_loader_cases:"
 
@@ -105,26 +116,41 @@ def test_a_template_takes_the_batch_size_of_the_source():
     assert t.short({"x": np.ones((3, 5))}) is None  # another shape: not short, an error
 
 
+def _verdict(*outcomes):
+    """The verdict of the processes' ``(status, made, description)``, as the exchange gives it:
+    the items grouped, the status counts summed."""
+    items = [status_items(s, made) + list(d) for s, made, d in outcomes]
+    counts = [status_counts(s) for s, _, _ in outcomes]
+    v = Verdict.of(items)
+    sums = tuple(sum(c[i] for c in counts) for i in range(3))
+    return dataclasses.replace(v, sums=sums)
+
+
 def test_settle_is_the_same_decision_on_every_process():
     where = lambda i: f"leaf {i}"  # noqa: E731
-    go = [rows_status(4), "structure s", "(4,) int64"]
-    end = [ENDED]
-    assert settle("pad", [go, go], what="b", where=where) == (False, [4, 4])
-    assert settle("pad", [go, [ENDED, "structure s", "(4,) int64"]], what="b", where=where) == (
+    desc = ("structure s", "(4,) int64")
+    go = (rows_status(4), True, desc)
+    end = (ENDED, False, ())
+    assert settle("pad", _verdict(go, go), what="b", where=where) == (False, 8)
+    assert settle("pad", _verdict(go, (ENDED, True, desc)), what="b", where=where) == (False, 4)
+    assert settle("pad", _verdict(go, (rows_status(1), True, desc)), what="b", where=where) == (
         False,
-        [4, 0],
+        5,
     )
-    assert settle("drop", [go, end], what="b", where=where) == (True, [4, 0])
-    assert settle("pad", [end, end], what="b", where=where) == (True, [0, 0])
-    other = [rows_status(4), "structure s", "(4,) int32"]
+    assert settle("drop", _verdict(go, end), what="b", where=where) == (True, 4)
+    assert settle("pad", _verdict(end, end), what="b", where=where) == (True, 0)
+    other = (rows_status(4), True, ("structure s", "(4,) int32"))
     with pytest.raises(ts.errors.ProcessDisagreementError, match=re.escape("leaf 0: every")):
-        settle("drop", [go, other], what="b", where=where)
-    failed = ["a failure: ValueError: bad"]
+        settle("drop", _verdict(go, other), what="b", where=where)
+    failed = Verdict.of([list(desc), ["a failure: ValueError: bad"]])
     with pytest.raises(
         ts.errors.ProcessDisagreementError,
         match=re.escape("process 0: a batch; process 1: a failure: ValueError: bad"),
     ):
-        settle("pad", [go, failed], what="b", where=where)
+        settle("pad", failed, what="b", where=where)
+    empty = _verdict(go, (ENDED_EMPTY, False, ()), go)
+    with pytest.raises(ts.errors.ProcessDisagreementError, match=re.escape("process(es) [1] ")):
+        settle("pad", empty, what="b", where=where)
 
 
 # -- one process and virtual hosts (torch_xla) ------------------------------------------------

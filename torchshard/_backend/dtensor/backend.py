@@ -55,6 +55,7 @@ from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.sharding import DimAxes
 from torchshard._core.topology import Topology
+from torchshard._core.verdict import Verdict
 
 # gloo's all_gather rejects int16 ("Invalid scalar type", torch 2.9.0); collectives that only
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
@@ -392,9 +393,9 @@ class DTensorChecks:
         end = collective.begin(what, with_mesh(call.describe(), mesh))
 
         def agree_end() -> None:
-            every = in_step(what, end())
-            if every is not None:
-                raise disagreement(what, every, call.path)
+            verdict = in_step(what, end())
+            if not verdict.agreed:
+                raise disagreement(what, verdict.groups, call.path)
 
         return agree_end
 
@@ -412,10 +413,11 @@ class DTensorChecks:
         what: str = "torchshard",
         channel: str | None = None,
         force: bool = False,
-    ) -> list[list[str]] | None:
+        counts: Sequence[int] = (),
+    ) -> Verdict | None:
         if not (self.compares(mesh) or (force and dist.get_world_size() > 1)):
             return None
-        return exchange_in_step(what, with_mesh(items, mesh), channel)
+        return exchange_in_step(what, with_mesh(items, mesh), channel, counts)
 
     def begin_exchange(
         self,
@@ -424,7 +426,7 @@ class DTensorChecks:
         *,
         what: str = "torchshard",
         channel: str | None = None,
-    ) -> Callable[[], list[list[str]] | None]:
+    ) -> Callable[[], Verdict | None]:
         if not self.compares(mesh):
             return _agreed
         end = collective.begin(what, with_mesh(items, mesh), channel)
@@ -436,8 +438,8 @@ class DTensorChecks:
         opened = collective.open_channel(what)  # on the calling thread, in program order
         if opened is None:
             return None
-        channel, every = opened
-        in_step(what, every)  # the only item is alike: only the calls can differ
+        channel, verdict = opened
+        in_step(what, verdict)  # the only item is alike: only the calls can differ
         return channel
 
     def close_channel(self, mesh: Mesh, channel: str, *, finished: bool, taken: int) -> None:

@@ -19,7 +19,7 @@ itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths, unflatten
+from torchshard._core.verdict import Group, Verdict
 from torchshard.data._loader.batch_check import leaf_specs
 
 POLICIES = ("error", "drop", "pad")
@@ -156,47 +157,66 @@ def mask_partition(mesh: Mesh, spec_tree: Any, batch: Any) -> Any:
     return PartitionSpec(first[0]) if len(first) else PartitionSpec()
 
 
+def status_counts(status: str) -> list[int]:
+    """A process's status as the counts its exchange reduces: ``[real rows, ended, ended
+    empty]`` (summed over the processes: the rows to count, how many ended, how many have
+    nothing to pad with)."""
+    return [
+        rows_of_status(status),
+        int(status in (ENDED, ENDED_EMPTY)),
+        int(status == ENDED_EMPTY),
+    ]
+
+
+def status_items(status: str, made: bool) -> list[str]:
+    """What a process's status adds to the items it compares: ``[ENDED_EMPTY]`` (named in the
+    error), ``[ENDED]`` when it has no batch (``"drop"``), else nothing (a padded batch is
+    compared as a batch)."""
+    if status == ENDED_EMPTY:
+        return [ENDED_EMPTY]
+    if status == ENDED and not made:
+        return [ENDED]
+    return []
+
+
 def settle(
-    policy: str,
-    every: Sequence[Sequence[str]],
-    *,
-    what: str,
-    where: Callable[[int], str],
-) -> tuple[bool, list[int]]:
-    """Every process's outcome of one batch (``[status, *description]``, or a failure) ->
-    ``(stop, real rows per process)``, the same on every process; raises
+    policy: str, verdict: Verdict, *, what: str, where: Callable[[int], str]
+) -> tuple[bool, int]:
+    """The processes' outcomes of one batch (``verdict``: their items, and ``status_counts``
+    summed) -> ``(stop, real rows over the processes)``, the same on every process; raises
     ``ProcessDisagreementError`` (the same on every process) when the processes cannot go on
     together: a failure on one of them, batches that differ in structure, shapes or dtypes, or
     (``"pad"``) a process with nothing to pad with while others go on."""
-    if any(e and e[0].startswith("a failure") for e in every):
+    groups = verdict.groups
+    if any(g.items and g.items[0].startswith("a failure") for g in groups):
         simple = [
-            list(e)
-            if e[0].startswith("a failure")
-            else [END_OF_DATA]
-            if e[0] in (ENDED, ENDED_EMPTY)
-            else ["structure (a batch)"]
-            for e in every
+            Group(
+                g.ranks,
+                g.items
+                if g.items and g.items[0].startswith("a failure")
+                else (END_OF_DATA,)
+                if g.items and g.items[0] in (ENDED, ENDED_EMPTY)
+                else ("structure (a batch)",),
+            )
+            for g in groups
         ]
         raise outcome_disagreement(what, simple, where)
-    statuses = [e[0] for e in every]
-    rows = [rows_of_status(s) for s in statuses]
-    ended = [s in (ENDED, ENDED_EMPTY) for s in statuses]
-    if policy == "drop" and any(ended):
+    rows, ended, empty = (*verdict.sums, 0, 0, 0)[:3]
+    if policy == "drop" and ended:
         return True, rows
-    if all(ended):
+    if ended == verdict.processes:
         return True, rows
-    empty = [p for p, s in enumerate(statuses) if s == ENDED_EMPTY]
     if empty:
+        named = ", ".join(str(g.ranks) for g in groups if g.items[:1] == (ENDED_EMPTY,))
         raise ProcessDisagreementError(
             at(
                 what,
                 f"last_batch='pad' pads a process whose source has ended with zero rows shaped "
-                f"like its first batch, but the source of process(es) {empty} ended before its "
-                "first batch, so there is nothing to pad with. Give every process at least one "
-                "batch (fewer processes, or a smaller batch), or use last_batch='drop'.",
+                f"like its first batch, but the source of process(es) [{named}] ended before "
+                "its first batch, so there is nothing to pad with. Give every process at least "
+                "one batch (fewer processes, or a smaller batch), or use last_batch='drop'.",
             )
         )
-    descriptions = [list(e[1:]) for e in every]
-    if any(descriptions) and any(d != descriptions[0] for d in descriptions):
-        raise disagreement(what, descriptions, where)
+    if not verdict.agreed:
+        raise disagreement(what, groups, where)
     return False, rows

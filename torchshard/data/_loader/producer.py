@@ -40,6 +40,7 @@ from torchshard._core.errors import (
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tree import LazyPaths, flatten
+from torchshard._core.verdict import Verdict
 from torchshard._mesh.context import current_topology
 from torchshard._place.call import read
 from torchshard._place.place import to_global
@@ -59,6 +60,8 @@ from torchshard.data._loader.last_batch import (
     mask_partition,
     rows_status,
     settle,
+    status_counts,
+    status_items,
 )
 from torchshard.data._loader.plan import EpochPlan
 from torchshard.data._loader.prefetch import LOCATED  # the agreement's errors name their batch
@@ -79,7 +82,7 @@ class Made:
     compared: bool = False  # the processes agreed on this batch's outcome
     rows: int = 0  # the real examples of this process's sources in the batch
     nbytes: int = 0  # the host bytes transferred (the prefetch's byte budget counts them)
-    settled: tuple[bool, list[int]] | None = None
+    settled: tuple[bool, int] | None = None
     """``last_batch="drop"``/``"pad"`` on several processes: ``(stop, real rows per process)``,
     agreed by the processes' exchange of this batch's status (the same on every process)."""
 
@@ -91,7 +94,7 @@ class _Begun:
 
     n: int
     made: Made | None  # the batch; None: the end (``error is None``) or a failure
-    end: Callable[[], list[list[str]] | None]  # waits for the others' outcomes
+    end: Callable[[], Verdict | None]  # waits for the others' outcomes
     snapshot: list[Any] | None = None  # at the end: the sources' states
     error: Exception | None = None
     where: Callable[[int], str] | None = None  # the paths of the batch's leaves
@@ -293,7 +296,10 @@ class Producer:
             out, snapshot, host, rows, status, nbytes = self._make(n)
         except StopIteration as end:
             if exchanges is not None:
-                self._agree(exchanges, n, [ENDED] if self.plan.exchange else [END_OF_DATA])
+                if self.plan.exchange:
+                    self._agree(exchanges, n, [ENDED], counts=status_counts(ENDED))
+                else:
+                    self._agree(exchanges, n, [END_OF_DATA])
                 exchanges.agreed_end()
             raise StopIteration(EndOfData(end.value)) from None
         except Exception as e:
@@ -304,12 +310,13 @@ class Producer:
         ready = self._fence()
         if exchanges is None:
             return Made(out, snapshot, ready, rows=rows, nbytes=nbytes)
-        outcome = [status] if self.plan.exchange else []
+        outcome = status_items(status, host is not None) if self.plan.exchange else []
         where = None
         if host is not None and self.plan.agree:
             described, where = self._describe(n, host)
             outcome += described
-        settled = self._agree(exchanges, n, outcome, where=where)
+        counts = status_counts(status) if self.plan.exchange else []
+        settled = self._agree(exchanges, n, outcome, where=where, counts=counts)
         if settled is not None and settled[0]:  # the last exchange of the epoch
             self.stopped = True
             exchanges.agreed_end()
@@ -339,23 +346,25 @@ class Producer:
         *,
         error: BaseException | None = None,
         where: Callable[[int], str] | None = None,
-    ) -> tuple[bool, list[int]] | None:
+        counts: Sequence[int] = (),
+    ) -> tuple[bool, int] | None:
         """The agreement step on batch ``n``'s outcome (an exchange on the epoch's channel):
         raises ``ProcessDisagreementError`` on every process whose outcome is a batch or the
         end when the outcomes differ; a process whose outcome is ``error`` gets a note on it
         instead (its caller re-raises it). With the plan's ``exchange`` (``last_batch="drop"``/
-        ``"pad"`` on several processes) it returns ``(stop, real rows per process)``: every
-        process stops, or goes on, at the same batch."""
+        ``"pad"`` on several processes) it returns ``(stop, real rows over the processes)``:
+        every process stops, or goes on, at the same batch (``counts``: this process's
+        ``status_counts``)."""
         what = f"GlobalBatchLoader: batch {n}"
         paths = where or (lambda i: f"GlobalBatchLoader: batch {n}: leaf {i}")
         exchange = self.plan.exchange
         try:
-            every = exchanges.exchange(outcome, what=what, force=exchange)
+            verdict = exchanges.exchange(outcome, what=what, force=exchange, counts=counts)
             if exchange:
                 try:
                     return settle(
                         self.plan.policy,
-                        every if every is not None else [outcome] * self.plan.processes,
+                        verdict if verdict is not None else Verdict.alone(outcome, counts),
                         what=what,
                         where=paths,
                     )
@@ -367,7 +376,7 @@ class Producer:
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        judge(what, every, paths, error)
+        judge(what, verdict, paths, error)
         return None
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any, int, str, int]:
@@ -504,7 +513,7 @@ class PipelinedProducer(Producer):
             setattr(e, LOCATED, True)
             failed = e
 
-            def end() -> list[list[str]] | None:
+            def end() -> Verdict | None:
                 raise failed
 
         return _Begun(n, made, end, snapshot, error, where)
@@ -514,11 +523,11 @@ class PipelinedProducer(Producer):
         ``_agree`` does (the end of the sources: ``StopIteration``)."""
         what = f"GlobalBatchLoader: batch {begun.n}"
         try:
-            every = begun.end()
+            verdict = begun.end()
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        judge(what, every, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
+        judge(what, verdict, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
         if begun.error is not None:
             raise begun.error
         if begun.made is None:  # the end of every process's sources
