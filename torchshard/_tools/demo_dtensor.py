@@ -174,9 +174,8 @@ def train(
     s = Settings(processes, steps, batch_size, workers, lr, seed, agreement_check, quiet)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
-    # A TCPStore (rank 0 serves it), as torchrun gives: torchshard's exchanges wait on the
-    # default group's store, and a FileStore (``file://``) answers a waiting get by polling
-    # every 10 ms, which made each batch's exchange wait ~10 ms (9.9 % input wait, check on).
+    # A TCPStore (rank 0 serves it), as torchrun gives; torchshard's exchanges use it only to
+    # set up their own connections.
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{free.getsockname()[1]}"

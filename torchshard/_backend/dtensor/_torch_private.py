@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # 2.9.0 has `torch.distributed.tensor.experimental._attention._generate_round_robin_indices(
 # seq_length, cp_world_size, device, restore=...)` (shape (seq_len,)). Checked on both.
 # `torch.distributed.distributed_c10d._get_default_store()`: the default group's store (torch's
-# own store-based barriers use it), which the bounded collectives write arrival records to.
+# own store-based barriers use it), through which the exchange tree's processes find each other.
 # `torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)`: a group's timeout
 # (`new_group` does not inherit the default group's). Checked on torch 2.9.0, 2.13.0, 2.14.1,
 # 2.15.0: it exists with this signature; from torch 2.14 it is deprecated (a FutureWarning at

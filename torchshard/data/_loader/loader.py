@@ -90,8 +90,8 @@ class GlobalBatchLoader(Iterable[Any]):
               are ``False`` too).
 
             With ``"drop"``/``"pad"`` on several processes (DTensor), every ``next()``
-            exchanges each process's status through the default group's store, also with the
-            agreement check off (bounded by the group's timeout, like the check).
+            exchanges each process's status with the others (torchshard's exchange tree), also
+            with the agreement check off (bounded by the group's timeout, like the check).
         local: yield ``torchshard.to_local(batch)`` (DTensor leaves as this process's local
             blocks, no copy) for steps that compute per process: FSDP2, DDP, torchtitan. The
             checks and the agreement between processes still run on the global batch. On
