@@ -108,6 +108,18 @@ def test_context_parallel_positions_per_host():
         ]
 
 
+def test_a_cp_axis_of_size_1_reads_whole_sequences_in_order():
+    """cp = 1 (a job's config without context parallelism, same code): torch's
+    context_parallel keeps the whole sequence on its one cp rank, so every position, in
+    order, for any length (no 2 * cp chunks to cut)."""
+    mesh = ts.Mesh(np.arange(4).reshape(4, 1), ("dp", "cp"))
+    for h in range(4):
+        with hosts(4, h, 4):
+            assert ts.context_parallel_positions(P("dp", "cp"), 7, mesh=mesh) == list(range(7))
+            got = ts.context_parallel_positions(P("dp", None, "cp"), 6, seq_dim=2, mesh=mesh)
+            assert got == list(range(6))
+
+
 def test_context_parallel_positions_arguments():
     mesh = ts.Mesh(np.arange(4).reshape(2, 2), ("dp", "cp"))
     with hosts(4, 0, 4):

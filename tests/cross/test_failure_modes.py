@@ -639,7 +639,8 @@ _NEXT = "state_dict['process_0']['next_batch']: expected "
             ValueError,
             (
                 "state_dict['common']: expected the keys ['consumed', 'epoch', 'hosts', "
-                "'loader', 'num_examples', 'processes', 'seed', 'shuffle'], but got ['loader']."
+                "'loader', 'num_examples', 'processes', 'seed', 'shards', 'shuffle'], but got "
+                "['loader']."
             ),
         ),
         (

@@ -87,7 +87,9 @@ def context_parallel_positions(
     ``value[:, head_tail_order(seq_len, cp, inverse=True)]`` is the original.
 
     ``cp`` is the number of shards of dim ``seq_dim`` under ``partition`` (the cp axis's size
-    for ``P("dp", "cp")``).
+    for ``P("dp", "cp")``). A cp axis of size 1 gives every position in its order
+    (``list(range(seq_len))``, any length): one cp rank keeps the whole sequence, as torch's
+    ``context_parallel`` does, so a job configured with ``cp=1`` runs the same code.
 
     Args:
         partition: the batch's ``PartitionSpec``; it must split dim ``seq_dim``.
@@ -96,8 +98,8 @@ def context_parallel_positions(
         mesh: a ``torchshard.Mesh``; ``None``: the current mesh.
 
     Raises:
-        ShardingError: ``partition`` does not split dim ``seq_dim``, or this process's shards of
-            it are not neighbours; as ``feed_slices`` otherwise.
+        ShardingError: ``partition`` names no mesh axis for dim ``seq_dim``, or this process's
+            shards of it are not neighbours; as ``feed_slices`` otherwise.
         ValueError: as ``head_tail_order``; a negative ``seq_dim``.
 
     Example (mesh ``(dp=2, cp=2)``, 4 hosts of 2 devices; host 1 is cp rank 1 of dp row 0):
@@ -117,6 +119,8 @@ def context_parallel_positions(
     except ShardingError as e:
         raise ShardingError(f"{caller}: {e}") from None
     cp = shard_counts(mesh, axes)[dim]
+    if cp == 1 and axes[dim]:  # a cp axis of size 1: torch's context_parallel keeps it whole
+        return list(range(n))
     if cp == 1:
         raise ShardingError(
             f"{caller}: {spec!r} does not split dim {dim} (seq_dim) on {mesh!r}, so there is no "
