@@ -393,7 +393,10 @@ def test_the_wheel_s_benches_import_only_public_modules():
     benches = {
         m for m in MODULES if m.startswith(BENCH + ".") and not m.rpartition(".")[2].startswith("_")
     }
-    assert benches == {f"{BENCH}.{n}" for n in ("h2g", "overhead", "dtensor", "h2d", "loader")}
+    assert benches == {
+        f"{BENCH}.{n}"
+        for n in ("h2g", "overhead", "dtensor", "h2d", "loader", "packing", "cp_balance")
+    }
     allowed = PUBLIC_MODULES | FRAMEWORK | benches | {BENCH}
     private = [
         f"{m}:{line} imports {t}"
