@@ -107,16 +107,16 @@ class Packer:
     index in the epoch) and the fix.
 
     Example (3 rows of 8: best fit puts the 3 beside the 5, first fit beside the 4):
-        >>> docs = [np.arange(1, 6), np.arange(1, 5), np.arange(1, 4), np.arange(1, 8)]
+        >>> docs = [np.arange(1, 5), np.arange(1, 6), np.arange(1, 4), np.arange(1, 8)]
         >>> batch = next(iter(torchshard.data.Packer(docs, seq_len=8, rows=3)))
         >>> batch["segment_ids"]
-        array([[1, 1, 1, 1, 1, 2, 2, 2],
-               [1, 1, 1, 1, 0, 0, 0, 0],
+        array([[1, 1, 1, 1, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 2, 2, 2],
                [1, 1, 1, 1, 1, 1, 1, 0]], dtype=int32)
-        >>> batch["loss_mask"][0].astype(int)
+        >>> batch["loss_mask"][1].astype(int)
         array([1, 1, 1, 1, 0, 1, 1, 0])
         >>> packer = torchshard.data.Packer(docs, seq_len=8, rows=3, method="first_fit")
-        >>> next(iter(packer))["segment_ids"][1]
+        >>> next(iter(packer))["segment_ids"][0]
         array([1, 1, 1, 1, 2, 2, 2, 0], dtype=int32)
     """
 
