@@ -42,6 +42,7 @@ from torchshard.data._loader.plan import plan_epoch
 from torchshard.data._loader.producer import producer_for
 from torchshard.data._loader.source import forward_set_epoch, source_attribute
 from torchshard.data._loader.stats import Counters, LoaderStats
+from torchshard.data._packer import refuse_packed_context_parallel
 from torchshard.data._stream_shard import record_for_workers, workers_recorded
 
 
@@ -266,6 +267,7 @@ class GlobalBatchLoader(Iterable[Any]):
             )
         with thread_mesh(mesh):
             self._check_hosts(current_topology(mesh))
+            refuse_packed_context_parallel(self._sources, self._partition, self._dispatchers, mesh)
         samplers = checkpoint.samplers(self._sources)
         plan = plan_epoch(
             mesh,
