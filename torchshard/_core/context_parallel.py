@@ -353,9 +353,10 @@ def context_parallel_positions(
         leaf).
 
     Raises:
-        ShardingError: ``partition`` names no mesh axis for dim ``seq_dim``, or this process's shards of
-            it are not neighbours; packed ``segment_ids`` under ``"head_tail"`` (naming the row
-            and the layouts that respect documents); as ``context_parallel_order`` and
+        ShardingError: ``partition`` names no mesh axis for dim ``seq_dim``, or this process's
+            shards of it are not neighbours; packed ``segment_ids`` under ``"head_tail"``
+            (naming the row and the layouts that respect documents); as
+            ``context_parallel_order`` and
             ``feed_slices`` otherwise.
         ValueError: as ``head_tail_order``; a negative ``seq_dim``; ``segment_ids`` of another
             length than ``seq_len``, or missing for ``"per_document"``/``"ptrr"``.
