@@ -368,6 +368,18 @@ class DTensorRuntime:
         with guarded(f"dispatch: gathering rows of a tensor of shape {tuple(x.shape)}"):
             return _take_rows(x, index)
 
+    splits_unevenly = True  # Shard(d) of a size the mesh axis does not divide
+
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        return None  # take_rows: the key's all-gather, then one reduce-scatter of the rows
+
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)
 
