@@ -354,6 +354,26 @@ def partial_readback() -> dict[str, Any]:
         }
 
 
+def uneven_readback() -> dict[str, Any]:
+    """One row split over every rank (rank 0 holds it, the others nothing), read back with
+    ``replicate_to_local_data`` on every rank: rank 0's block is the whole value, yet it gathers
+    with the others (it used to return its block, and the others waited for it)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    ts = _ts()
+    world = dist.get_world_size()
+    mesh = _mesh(np.arange(world), ("data",))
+    g = global_value((1, 3), "float32")
+    with mesh:
+        x = DTensor.from_local(g, mesh.native, [Replicate()]).redistribute(mesh.native, [Shard(0)])
+        return {
+            "held": x.to_local().shape[0],
+            "full": ts.replicate_to_local_data({"x": x})["x"],
+            "expected": g,
+        }
+
+
 def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
     """The in-step dispatch of the dispatch issue, as its primitives on DTensors.
 

@@ -166,13 +166,14 @@ def test_the_default_check_runs_once_per_dispatcher(mesh8, monkeypatch):
     from torchshard._step import input_dispatcher as _input_dispatcher
 
     seen = []
-    real = _input_dispatcher.row_targets_to_indices
+    real = _input_dispatcher.check_row_targets
 
-    def spy(targets, logical, where, check):
-        seen.append(check)
-        return real(targets, logical, where, check)
+    def spy(targets, logical, where):
+        seen.append(len(calls))
+        return real(targets, logical, where)
 
-    monkeypatch.setattr(_input_dispatcher, "row_targets_to_indices", spy)
+    calls = []
+    monkeypatch.setattr(_input_dispatcher, "check_row_targets", spy)
     with virtual_hosts(2):
         feeds = [ts.InputDispatcher(4, physical_feed_index=h) for h in range(2)]
         batches = [
@@ -182,8 +183,9 @@ def test_the_default_check_runs_once_per_dispatcher(mesh8, monkeypatch):
         for _ in range(3):
             out = ts.replicate_to_local_data(feeds[0].physical_to_logical_batch(g))
             assert out["x"].tolist() == [0, 1, 10, 11]
+            calls.append(None)
         feeds[0].physical_to_logical_batch(g, check=True)
-    assert seen == [True, False, False, True]
+    assert seen == [0, 3]  # the first call checks, then only the one that asks
 
 
 # -- SpmdInputDispatcher: batches of another size ---------------------------------------------

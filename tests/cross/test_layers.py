@@ -289,6 +289,7 @@ def test_torch_xla_private_api_is_reached_only_by_its_backend():
     assert users == [
         "torchshard._backend.xla.backend",
         "torchshard._backend.xla.env",
+        "torchshard._backend.xla.rows",
         "torchshard._backend.xla.runtime",
         "torchshard._tools.bench.h2g",
     ]

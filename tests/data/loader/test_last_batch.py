@@ -399,6 +399,39 @@ def test_pad_with_a_dispatcher_masks_the_physical_rows(mesh8):
     assert ts.replicate_to_local_data(logical["id"]).tolist() == [4, 5, 0, 0]
 
 
+def test_pad_with_a_dispatcher_compiles_once_over_two_epochs(mesh8):
+    """A loader with a dispatcher and last_batch="pad", two epochs of 20 examples in batches
+    of 8 (the third batch padded): torch_xla's CompileTime count is the same after the first
+    step as at the end. The step dispatches in the step (row targets), weights by the mask and
+    sums. Before, the dispatch compiled on every step (Tensor.view(dtype) fell back to the
+    CPU)."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    def compiles():
+        data = met.metric_data("CompileTime")
+        return 0 if data is None else data[0]
+
+    dispatcher = ts.InputDispatcher(
+        8, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=16
+    )
+    loader = ts.GlobalBatchLoader(
+        DataLoader(_rows(20), batch_size=8), dispatcher=dispatcher, last_batch="pad"
+    )
+    counts, sums = [], []
+    for _ in range(2):
+        for b, mask in loader:
+            logical = dispatcher.physical_to_logical_batch({**b, "mask": mask})
+            w = logical["mask"].to(torch.float32)
+            sums.append((logical["x"][:, 0] * w).sum() + (logical["id"] * w).sum())
+            torch_xla.sync()
+            counts.append(compiles())
+    assert len(counts) == 6 and counts[1:] == [counts[0]] * 5, counts
+    assert [float(s.cpu()) for s in sums] == [
+        2.0 * sum(range(k, min(k + 8, 20))) for k in (0, 8, 16)
+    ] * 2
+
+
 def test_last_batch_is_checked_when_the_loader_is_made():
     with pytest.raises(ValueError, match=re.escape("last_batch must be one of")):
         ts.GlobalBatchLoader([], last_batch=None)
