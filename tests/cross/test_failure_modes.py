@@ -135,7 +135,7 @@ def test_per_host_loader_refuses_disagreeing_replicas(mesh8):
     batches = [[{"w": np.zeros(2)}], [{"w": np.ones(2)}]]
     with virtual_hosts(2):
         loader = global_batch_loader_per_host(batches, partition=P(), prefetch=0)
-        with pytest.raises(ts.ShardingError, match=re.escape("per_host_arrays[1]['w']: hosts 0")):
+        with pytest.raises(ts.ShardingError, match=re.escape("host_batches[1]['w']: hosts 0")):
             next(iter(loader))
 
 
