@@ -566,3 +566,19 @@ def test_take_rows_of_half_floats_quiets_nan_payloads_on_torch_xla(mesh8, dtype)
     assert torch.equal(out.isnan(), nan)
     assert torch.equal(_bits(out)[~nan], _bits(ref)[~nan])  # -0.0 kept
     assert not torch.equal(_bits(out)[nan], _bits(ref)[nan])  # payloads quieted
+
+
+def test_a_tensor_kept_from_inside_vmap_is_refused():
+    """Before: padded as if it were data (its shape lacks vmap's batch dimension), failing
+    later inside the engine with ``Cannot access storage of BatchedTensorImpl``."""
+    kept = []
+    torch.func.vmap(lambda x: kept.append(x) or x.sum())(torch.ones(2, 4, 3))
+    d = ts.InputDispatcher(4, global_physical_batch_size=8, num_physical_feeds=1)
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "logical_feed_batch['x']: expected a host tensor, but got a tensor batched by "
+            "torch.func.vmap"
+        ),
+    ):
+        d.logical_to_physical_batch({"x": kept[0]})
