@@ -243,7 +243,8 @@ class ShapeDtype:
             TypeError,
             (
                 "host_specs['x']: every size of a shape must be an int, but dim 1 of (8, 2.5) is "
-                "2.5 of type float; sizes count elements (nothing is rounded)."
+                "2.5 of type float (sizes count elements: nothing is rounded); pass one int per "
+                "dimension."
             ),
         ),
         (
@@ -294,7 +295,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 1 of (8, 2.5) is 2.5 of "
-                "type float; sizes count elements (nothing is rounded)."
+                "type float (sizes count elements: nothing is rounded); pass one int per dimension."
             ),
         ),
         (
@@ -302,7 +303,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 0 of (True,) is True of "
-                "type bool; sizes count elements (nothing is rounded)."
+                "type bool (a bool is not a size); pass (1,) if that is the shape meant."
             ),
         ),
         (
