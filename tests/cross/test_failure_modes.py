@@ -135,7 +135,7 @@ def test_per_host_loader_refuses_disagreeing_replicas(mesh8):
     batches = [[{"w": np.zeros(2)}], [{"w": np.ones(2)}]]
     with virtual_hosts(2):
         loader = global_batch_loader_per_host(batches, partition=P(), prefetch=0)
-        with pytest.raises(ts.ShardingError, match=re.escape("per_host_arrays[1]['w']: hosts 0")):
+        with pytest.raises(ts.ShardingError, match=re.escape("host_batches[1]['w']: hosts 0")):
             next(iter(loader))
 
 
@@ -245,7 +245,8 @@ class ShapeDtype:
             TypeError,
             (
                 "host_specs['x']: every size of a shape must be an int, but dim 1 of (8, 2.5) is "
-                "2.5 of type float; sizes count elements (nothing is rounded)."
+                "2.5 of type float (sizes count elements: nothing is rounded); pass one int per "
+                "dimension."
             ),
         ),
         (
@@ -296,7 +297,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 1 of (8, 2.5) is 2.5 of "
-                "type float; sizes count elements (nothing is rounded)."
+                "type float (sizes count elements: nothing is rounded); pass one int per dimension."
             ),
         ),
         (
@@ -304,7 +305,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 0 of (True,) is True of "
-                "type bool; sizes count elements (nothing is rounded)."
+                "type bool (a bool is not a size); pass (1,) if that is the shape meant."
             ),
         ),
         (

@@ -623,3 +623,19 @@ def test_a_leaf_that_needs_grad_keeps_the_float_route(mesh8):
     assert torch.equal(ts.global_to_host_array(out.detach()), x)
     grad = ts.global_to_host_array(w.grad)
     assert torch.equal(grad[:8], 2 * x) and not grad[8:].any()
+
+
+def test_a_tensor_kept_from_inside_vmap_is_refused():
+    """Before: padded as if it were data (its shape lacks vmap's batch dimension), failing
+    later inside the engine with ``Cannot access storage of BatchedTensorImpl``."""
+    kept = []
+    torch.func.vmap(lambda x: kept.append(x) or x.sum())(torch.ones(2, 4, 3))
+    d = ts.InputDispatcher(4, global_physical_batch_size=8, num_physical_feeds=1)
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "logical_feed_batch['x']: expected a host tensor, but got a tensor batched by "
+            "torch.func.vmap"
+        ),
+    ):
+        d.logical_to_physical_batch({"x": kept[0]})

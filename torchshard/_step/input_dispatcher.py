@@ -33,7 +33,13 @@ from torchshard._core.spec import PartitionSpec
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._mesh.context import current_topology
-from torchshard._place.host_data import MASKED_ARRAY, as_host_tensor, has_names, shape_dtype
+from torchshard._place.host_data import (
+    MASKED_ARRAY,
+    as_host_tensor,
+    has_names,
+    shape_dtype,
+    unwrapped,
+)
 from torchshard._step.dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
     RowTargets,
@@ -58,6 +64,7 @@ def _host_leaf(x: Any, where: str) -> None:
                     f"a CPU tensor, but got a tensor on {x.device}.",
                 )
             )
+        unwrapped(x, where)  # raises for a tensor kept from inside vmap
         if x.layout is not torch.strided or has_names(x):
             as_host_tensor(x, where)  # raises: sparse and named tensors are not host arrays
     elif isinstance(x, np.ma.MaskedArray):

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from torchshard._tools._demo_common import (
+    STEPS_PER_EPOCH,
     Result,
     SyntheticClassification,
     _input_wait,
@@ -89,8 +90,7 @@ def _train_rank(rank: int, s: Settings, results: Any) -> None:
     ts.set_agreement_check(s.agreement_check)
     torch.manual_seed(s.seed)
     mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
-    steps_per_epoch = 64
-    dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
+    dataset = SyntheticClassification(STEPS_PER_EPOCH * s.batch_size, seed=s.seed)
     per_process = s.batch_size // s.processes
     with mesh:  # the feed from the mesh: the shard of the rows this process holds
         sampler = ts.host_sampler(dataset, ts.input_partition_spec(), seed=s.seed)

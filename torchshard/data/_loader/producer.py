@@ -124,6 +124,10 @@ class Tally:
 _END = object()
 
 
+# How errors name a part of a host's tree, per host (``global_batch_loader_per_host``).
+_PER_HOST = {"batch": "host_batches", "mask": "host_masks"}
+
+
 class Producer:
     """Makes global batch ``plan.first + i`` (``self(i)``), exchanging each batch's outcome at
     once when the plan has a channel (the mode of a plan without ``pipeline``).
@@ -487,11 +491,11 @@ class Producer:
                 if plan.spec is DEFAULT_PARTITION or isinstance(plan.spec, DataPartitionType):
                     out = (
                         self._to_global(hosts, plan.spec),
-                        self._to_global(masks, self.mask_spec),
+                        self._to_global(masks, self.mask_spec, ("mask",)),
                     )
                 else:  # one engine call for the batch and its mask (two cost a 1 MiB step ~20 %)
                     pairs = [(b, m) for b, m in zip(hosts, masks, strict=True)]
-                    out = self._to_global(pairs, (plan.spec, self.mask_spec))
+                    out = self._to_global(pairs, (plan.spec, self.mask_spec), ("batch", "mask"))
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
@@ -504,11 +508,21 @@ class Producer:
         self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
         return out, snapshot, hosts[0], rows, status, nbytes
 
-    def _to_global(self, hosts: list[Any], spec: Any) -> Any:
-        """``host_to_global_array`` of the hosts' batches, without the agreement step."""
+    def _to_global(self, hosts: list[Any], spec: Any, parts: tuple[str, ...] = ("batch",)) -> Any:
+        """``host_to_global_array`` of the hosts' batches, without the agreement step; errors
+        name the leaves as the batch's (``batch['x']``, ``host_batches[1]['x']``; ``parts``:
+        the names of what each host's tree holds, a tuple of them when there are several)."""
         plan = self.plan
         topology = current_topology(plan.mesh)
-        call = read(hosts, topology, spec, per_host=plan.per_host)
+        names = tuple(_PER_HOST[p] for p in parts) if plan.per_host else parts
+        call = read(
+            hosts,
+            topology,
+            spec,
+            per_host=plan.per_host,
+            name=names[0],
+            parts=names if len(names) > 1 else None,
+        )
         return to_global(plan.mesh, plan.backend, topology, call, background=plan.background)
 
 
