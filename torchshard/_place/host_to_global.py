@@ -2,7 +2,8 @@
 
 Data flow of ``host_to_global_array``: the current mesh, its backend and topology; the call
 (``call.py``) of this host's tree; the backend's agreement step (DTensor: one exchange over
-the tree, overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from
+the tree, overlapping the rest and judged at the result's first use or the next call;
+torch_xla has none); the call's plans (``cache.py``: kept from
 an earlier call, else validated and planned by ``validate.py``); ``place.py`` hands one view
 per local device to the backend. Nothing moves before every leaf is validated.
 """
@@ -125,7 +126,9 @@ def host_to_global_array(
     except BaseException:
         agreed()
         raise
-    agreed()
+    # Judged now, or off the step's path: at the result's first use or the next call
+    # (set_agreement_deferred); the value check below is a call, so it judges it first.
+    out = checks.agree_after(mesh, agreed, call, out, what="host_to_global_array")
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
         checks.check_values(mesh, out, argname="host_arrays", what="host_to_global_array")
     return out

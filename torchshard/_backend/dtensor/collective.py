@@ -180,17 +180,31 @@ def _switched(name: str, value: Any) -> None:
 on_switch(_switched)
 
 
+def existing() -> Session | None:
+    """The current default group's session if one was made (never makes one: a process that
+    made no torchshard collective has nothing to judge)."""
+    s, g = _CURRENT.session, _CURRENT.group
+    world = dist.GroupMember.WORLD
+    return s if s is not None and g is not None and world is not None and g() is world else None
+
+
 def begin(
-    what: str, items: Sequence[str], channel: str | None = None, counts: Sequence[int] = ()
+    what: str,
+    items: Sequence[str],
+    channel: str | None = None,
+    counts: Sequence[int] = (),
+    *,
+    eager: bool = False,
 ) -> Callable[[], Verdict]:
     """The exchange of ``[what, *items]`` (and ``counts``) in two halves, so that work that runs
     no collective (DTensor's ``from_local``) overlaps the wait for the other processes:
-    ``begin`` returns the end, the ``Verdict``."""
+    ``begin`` returns the end, the ``Verdict``. ``eager``: ``Session.begin``'s (the end may
+    come late)."""
     s = session()
     if s is None:
         mine = [what, *items]
         return lambda: Verdict.alone(mine, counts)
-    return s.begin(what, items, channel, counts)
+    return s.begin(what, items, channel, counts, eager=eager)
 
 
 def exchange(
