@@ -196,9 +196,26 @@ def set_agreement_deferred(enabled: bool, /) -> bool:
     return old
 
 
+_IN_THE_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "torchshard_agreement_in_the_call", default=False
+)
+
+
 def agreement_deferred() -> bool:
     """Whether a direct call's agreement check may be judged after the call returns."""
-    return _STATE.deferred
+    return _STATE.deferred and not _IN_THE_CALL.get()
+
+
+@contextlib.contextmanager
+def judged_in_the_call() -> Iterator[None]:
+    """Inside the block, a direct call's agreement check is judged in the call (a call that
+    torch.compile traces: its result enters the graph, which must not see a tensor that
+    waits)."""
+    token = _IN_THE_CALL.set(True)
+    try:
+        yield
+    finally:
+        _IN_THE_CALL.reset(token)
 
 
 def set_value_check(enabled: bool | None, /) -> bool | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torchshard._backend.registry import lookup
-from torchshard._core.agreement import value_check_enabled
+from torchshard._core.agreement import judged_in_the_call, value_check_enabled
 from torchshard._core.context import current_mesh, require_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError
@@ -96,9 +96,10 @@ def host_to_global_array(
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     if torch.compiler.is_compiling():  # torch.compile traces the call: place eagerly
-        return eagerly(host_to_global_array)(
-            host_arrays, partition=partition, global_shape=global_shape
-        )
+        with judged_in_the_call():  # the graph gets the result: no tensor that waits
+            return eagerly(host_to_global_array)(
+                host_arrays, partition=partition, global_shape=global_shape
+            )
     check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:
