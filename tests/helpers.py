@@ -204,7 +204,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 # deferred.py): where it was raised and which call it belongs to.
 DEFERRAL_NOTE = re.compile(
     r" \(Raised (at the first use of its result|at the next torchshard call on its stream "
-    r"\([^)]*\)|on leaving the mesh|at interpreter exit): the agreement check of (\S+) call "
+    r"\(.*?\)|on leaving the mesh|at interpreter exit|when a new default process group "
+    r"replaced its own): the agreement check of (\S+) call "
     r"#(\d+) on stream '([^']*)', judged off the step's path; "
     r"torchshard\.set_agreement_deferred\(False\) judges it in the call\.\)$"
 )

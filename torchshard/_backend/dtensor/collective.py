@@ -180,12 +180,16 @@ def _switched(name: str, value: Any) -> None:
 on_switch(_switched)
 
 
-def existing() -> Session | None:
+def existing(*, destroyed: bool = False) -> Session | None:
     """The current default group's session if one was made (never makes one: a process that
-    made no torchshard collective has nothing to judge)."""
+    made no torchshard collective has nothing to judge). ``destroyed``: also the last group's
+    after ``destroy_process_group`` (its tree is torchshard's own: still up)."""
     s, g = _CURRENT.session, _CURRENT.group
+    if s is None or g is None:
+        return None
     world = dist.GroupMember.WORLD
-    return s if s is not None and g is not None and world is not None and g() is world else None
+    alive = world is not None and g() is world
+    return s if alive or (destroyed and world is None) else None
 
 
 def begin(

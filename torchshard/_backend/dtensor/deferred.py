@@ -110,8 +110,9 @@ def defer(end: Callable[[], None], out: Any, inputs: list[Any], what: str) -> An
 
 
 def settle(where: str, *, every: bool = False) -> None:
-    """Judges the current stream's deferred check (every stream's: ``every``) now."""
-    s = collective.existing()
+    """Judges the current stream's deferred check (every stream's, also after
+    ``destroy_process_group``: ``every``) now."""
+    s = collective.existing(destroyed=every)
     if s is not None and s.deferred:
         s.settle(None if every else current_stream(), where)
 

@@ -438,9 +438,11 @@ class Session:
             raise
 
     def close(self) -> None:
-        with self.lock:
-            self.deferred.clear()  # an earlier group's checks: its tree goes with it
-        self.node.close()
+        """Closes the tree, once the deferred checks are judged (raising the first error)."""
+        try:
+            self.settle(None, "when a new default process group replaced its own")
+        finally:
+            self.node.close()
 
 
 def ended(what: str, rank: int, taken: int) -> CollectiveError:

@@ -8,10 +8,6 @@ Methods, called in lockstep on every rank (a barrier before each sample):
 - ``torchshard unchecked``: the same with ``set_agreement_check(False)``.
 - ``torchshard + value check``: the same with the opt-in ``set_value_check(True)``.
 - ``from_local``: ``DTensor.from_local`` of a copy of each block, by hand (the ceiling).
-- ``step, ...``: an iteration of a training loop that places the next batch, then steps on the
-  current one (its first use, then ``STEP_WORK`` of compute), with the check deferred (the
-  default where torch can: ``set_agreement_deferred``), judged in the call, or off; ``check on
-  the step's path, ...`` is the iteration's time minus the unchecked one's.
 
 Cases: a small batch (8 leaves of per-process [32, 16] float32, where fixed per-call costs
 dominate) and the ``h2g`` batches (1 and 8 leaves of global [1024, 2048] float32); ``--quick``
@@ -228,60 +224,8 @@ def _worker() -> None:
                 "agreement check": ("torchshard", "torchshard unchecked"),
                 "value check": ("torchshard + value check", "torchshard"),
             }
-            # A training loop that places the next batch, then steps on the current one
-            # (the step: an op on each leaf, the first use, and STEP_WORK of compute).
-            ahead = {
-                name: _placed_ahead(checked, check, deferred)
-                for name, check, deferred in (
-                    ("step, check deferred", True, True),
-                    ("step, check in the call", True, False),
-                    ("step, unchecked", False, True),
-                )
-            }
-            methods.update(ahead)
-            diff["check on the step's path, deferred"] = (
-                "step, check deferred",
-                "step, unchecked",
-            )
-            diff["check on the step's path, in the call"] = (
-                "step, check in the call",
-                "step, unchecked",
-            )
             figures[case] = measure(methods, diff)
     finish_gloo_worker(figures)
-
-
-STEP_WORK = 64  # 64 x 64 matrix products: the step's own compute (about 0.3 ms here)
-
-
-def _placed_ahead(place: Callable[[], Any], check: bool, deferred: bool) -> Callable[[], Any]:
-    """One iteration of a loop that places the next batch (``place``, with the agreement
-    check on or off, judged in the call or deferred), then steps on the current one."""
-    import torch
-
-    import torchshard as ts
-
-    held: dict[str, Any] = {}
-    a = torch.randn(64, 64)
-
-    def iteration() -> Any:
-        old_check = ts.set_agreement_check(check)
-        old_deferred = ts.set_agreement_deferred(deferred)
-        try:
-            nxt = place()
-        finally:
-            ts.set_agreement_deferred(old_deferred)
-            ts.set_agreement_check(old_check)
-        cur = held.get("cur", nxt)
-        for x in cur.values():
-            x + 0  # the batch's first use
-        b = a
-        for _ in range(STEP_WORK):
-            b = a @ b
-        held["cur"] = nxt
-        return b
-
-    return iteration
 
 
 if __name__ == "__main__":
