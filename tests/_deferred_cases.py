@@ -26,8 +26,6 @@ def disagree_then(at: str) -> dict[str, Any]:
     on every rank (the processes are still in step)."""
     import torch.distributed as dist
 
-    from torchshard._backend.dtensor import deferred
-
     ts = _ts()
     rank = dist.get_rank()
     mesh = ts.create_device_mesh((dist.get_world_size(),), ("data",), backend="dtensor")
@@ -44,6 +42,8 @@ def disagree_then(at: str) -> dict[str, Any]:
                 elif at == "next":
                     ts.host_to_global_array({"y": torch.zeros(4)})
                 elif at == "interpreter":
+                    from torchshard._backend.dtensor import deferred
+
                     deferred._at_exit()
             finally:
                 if at == "exit":
@@ -105,11 +105,10 @@ def skipped_then_used() -> dict[str, Any]:
         if dist.get_rank() == 1:
             return {"error": "skipped", "seconds": 0.0}
         t0 = time.monotonic()
-        g = ts.host_to_global_array({"x": torch.ones(2, 3)})
-        returned = time.monotonic() - t0
-        try:
+        try:  # torch 2.9 raises in the call; a deferred check at the first use
+            g = ts.host_to_global_array({"x": torch.ones(2, 3)})
             g["x"] * 2
             error = "no error"
         except Exception as e:  # noqa: BLE001 -- the message is the result
             error = _error(e)
-    return {"error": error, "seconds": time.monotonic() - t0, "returned_in": returned}
+    return {"error": error, "seconds": time.monotonic() - t0}
