@@ -199,13 +199,13 @@ class Session:
         mine = (what, *items)
         code = str(digest(list(mine)))
         value = merge.agree_value(what, code, [int(c) for c in counts], self.rank)
-        second: list[Any] = []  # eager: round 2's pending (or its TreeError), begun early
+        second: list[Any] = []  # eager: round 2's pending (or its error), begun early
 
         def then(result: dict[str, Any]) -> None:  # on the thread that delivers round 1
             if len(result["g"]) > 1 and result["K"] != "mixed":
                 try:
                     second.append(self._round_two(channel, n, what, mine))
-                except TreeError as e:
+                except Exception as e:  # noqa: BLE001 -- the end raises it, never this thread
                     second.append(e)
 
         try:
@@ -247,10 +247,10 @@ class Session:
         begun: Any = None,
     ) -> dict[str, Any]:
         """The second round: the descriptions of the distinct digests (for the error);
-        ``begun``: its pending (or the ``TreeError`` that stopped it) when already begun."""
+        ``begun``: its pending (or the error that stopped it) when already begun."""
         if first["K"] == "mixed":  # processes in different calls: their names are the items
             return {"K": "items", "g": [[g[0], g[1], g[2], [g[0]]] for g in first["g"]]}
-        if isinstance(begun, TreeError):
+        if isinstance(begun, Exception):
             raise begun
         pending = begun if begun is not None else self._round_two(channel, n, what, mine)
         result = dict(pending.wait(self.timeout))
