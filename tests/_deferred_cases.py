@@ -31,6 +31,7 @@ def disagree_then(at: str) -> dict[str, Any]:
     mesh = ts.create_device_mesh((dist.get_world_size(),), ("data",), backend="dtensor")
     rows = 4 if rank == 0 else 2
     out: dict[str, Any] = {"returned": False, "error": "no error", "local_type": None}
+    default = ts.set_agreement_deferred(True)  # deferred at any size (by default from 64)
     with mesh:
         try:
             try:
@@ -57,6 +58,7 @@ def disagree_then(at: str) -> dict[str, Any]:
             out["local_type_after"] = type(g["x"].to_local()).__name__
         after = ts.host_to_global_array({"x": torch.full((4, 3), float(rank))})
         out["after"] = ts.replicate_to_local_data(after["x"])
+    ts.set_agreement_deferred(default)
     return out
 
 
@@ -100,6 +102,7 @@ def skipped_then_used() -> dict[str, Any]:
 
     ts = _ts()
     mesh = ts.create_device_mesh((dist.get_world_size(),), ("data",), backend="dtensor")
+    ts.set_agreement_deferred(True)  # at any size (by default from 64 processes)
     with mesh:
         ts.host_to_global_array({"x": torch.ones(2, 3)})
         if dist.get_rank() == 1:

@@ -474,7 +474,7 @@ class DTensorChecks:
     ) -> Any:
         if end is _nothing:
             return out
-        if not deferred.deferring():
+        if not deferred.deferring(dist.get_world_size()):
             end()
             return out
         return deferred.defer(end, out, call.leaves[0], what)

@@ -34,10 +34,10 @@ from torchshard._core.tree import flatten
 FIRST_USE = "at the first use of its result"
 
 
-def deferring() -> bool:
-    """Whether a direct call's check is judged after the call (the setting, and torch can
-    make a tensor's first use wait)."""
-    return agreement_deferred() and first_use_wait()
+def deferring(processes: int) -> bool:
+    """Whether a direct call's check among ``processes`` is judged after the call (the
+    setting, and torch can make a tensor's first use wait)."""
+    return agreement_deferred(processes) and first_use_wait()
 
 
 class Judgement:
