@@ -561,21 +561,50 @@ def test_an_ordereddict_batch_with_a_dict_partition_is_matched_by_key(mesh42):
         np.testing.assert_array_equal(host["a"][:, 0], np.arange(8 * k, 8 * k + 8))
 
 
-def test_deepcopy_mid_epoch_is_refused_with_the_way_to_clone_the_position(mesh8):
-    """``copy.deepcopy`` of a loader mid-epoch failed on a lock ("cannot pickle '_thread.lock'")."""
+@pytest.mark.parametrize("how", ["copy.copy", "copy.deepcopy", "pickle.dumps"])
+@pytest.mark.parametrize("what", ["loader", "iterator", "local iterator", "in a dict"])
+def test_copies_mid_epoch_are_refused_with_the_way_to_clone_the_position(mesh8, what, how):
+    """``copy.deepcopy`` of a loader's iterator mid-epoch failed on a lock ("cannot pickle
+    '_thread.lock'"), as did pickling; ``copy.copy`` of the loader or of its iterator gave an
+    object sharing the thread, the counters and the cursor with the original (each ``next()``
+    of either moved both). Every copy is now refused, naming the call and the way to clone the
+    position, and the refusal changes nothing."""
     import copy
+    import pickle
 
-    loader = ts.GlobalBatchLoader([{"x": np.zeros((8, 2), np.float32)}] * 3)
+    loader = ts.GlobalBatchLoader(
+        [{"id": np.arange(8) + i} for i in range(3)], local=what == "local iterator"
+    )
     it = iter(loader)
     next(it)
-    msg = (
-        "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread and "
-        "locks (a copy mid-epoch would share or lose the source's position). To save or clone "
-        "the position, copy loader.state_dict() and load it into a new GlobalBatchLoader over a "
-        "new source with load_state_dict()."
+    obj = {
+        "loader": loader,
+        "iterator": it,
+        "local iterator": it,
+        "in a dict": {"train": loader},
+    }[what]
+    copier = {"copy.copy": copy.copy, "copy.deepcopy": copy.deepcopy, "pickle.dumps": pickle.dumps}
+    name = (
+        "a GlobalBatchLoader"
+        if what in ("loader", "in a dict")
+        else "an iterator of a GlobalBatchLoader"
     )
-    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
-        copy.deepcopy(loader)
+    if what == "in a dict" and how == "copy.copy":
+        name = None  # a shallow copy of the dict shares the loader: nothing to refuse
+    msg = (
+        f"{how} of {name} is not supported: it holds the source's iterator (DataLoader "
+        "workers), a thread and locks, which a copy would share or lose, and with them the "
+        "position in the source. To clone the position, take loader.state_dict() and load it "
+        "into a new GlobalBatchLoader over a new source (load_state_dict()); for a second "
+        "stream over the same data, make a second GlobalBatchLoader."
+    )
+    if name is None:
+        assert copier[how](obj)["train"] is loader
+    else:
+        with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+            copier[how](obj)
+    batch = next(it)  # unchanged: the epoch goes on
+    assert ts.replicate_to_local_data(batch["id"]).tolist() == list(range(1, 9))
     loader.close()
 
 

@@ -31,6 +31,19 @@ from torchshard.data._loader.stats import Counters
 from torchshard.data._sampler import HostSampler
 
 
+def uncopyable(how: str, what: str) -> str:
+    """The error of ``how`` (``copy.deepcopy``, ...) applied to ``what`` (the loader or one of
+    its epochs): neither a thread nor a source's iterator (DataLoader workers) can be copied,
+    and a copy sharing them would share or lose the position in the source."""
+    return (
+        f"{how} of {what} is not supported: it holds the source's iterator (DataLoader "
+        "workers), a thread and locks, which a copy would share or lose, and with them the "
+        "position in the source. To clone the position, take loader.state_dict() and load it "
+        "into a new GlobalBatchLoader over a new source (load_state_dict()); for a second "
+        "stream over the same data, make a second GlobalBatchLoader."
+    )
+
+
 class Maker(Protocol):
     """Where an epoch's batches are made: a ``Prefetcher`` or ``InPlace``."""
 
@@ -134,6 +147,15 @@ class Epoch(Iterator[Any]):
 
     def __iter__(self) -> Epoch:
         return self
+
+    def __copy__(self) -> Epoch:
+        raise TypeError(uncopyable("copy.copy", "an iterator of a GlobalBatchLoader"))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Epoch:
+        raise TypeError(uncopyable("copy.deepcopy", "an iterator of a GlobalBatchLoader"))
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise TypeError(uncopyable("pickle.dumps", "an iterator of a GlobalBatchLoader"))
 
     def __next__(self) -> Any:
         if self._closed:

@@ -33,7 +33,7 @@ from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._loader import checkpoint
 from torchshard.data._loader.cursor import Cursor
-from torchshard.data._loader.epoch import Closer, Epoch
+from torchshard.data._loader.epoch import Closer, Epoch, uncopyable
 from torchshard.data._loader.exchanges import Exchanges
 from torchshard.data._loader.last_batch import check_policy
 from torchshard.data._loader.local import LocalEpoch
@@ -217,13 +217,14 @@ class GlobalBatchLoader(Iterable[Any]):
         self._resume_consumed = 0
         self._last_mesh: MeshValue | None = None
 
+    def __copy__(self) -> GlobalBatchLoader:
+        raise TypeError(uncopyable("copy.copy", "a GlobalBatchLoader"))
+
     def __deepcopy__(self, memo: dict[int, Any]) -> GlobalBatchLoader:
-        raise TypeError(
-            "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread "
-            "and locks (a copy mid-epoch would share or lose the source's position). To save "
-            "or clone the position, copy loader.state_dict() and load it into a new "
-            "GlobalBatchLoader over a new source with load_state_dict()."
-        )
+        raise TypeError(uncopyable("copy.deepcopy", "a GlobalBatchLoader"))
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise TypeError(uncopyable("pickle.dumps", "a GlobalBatchLoader"))
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
