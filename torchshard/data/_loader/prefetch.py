@@ -468,7 +468,7 @@ class InPlace(Generic[T]):
                 item = produce(self._i)
             except StopIteration:
                 raise
-            except Exception as e:
+            except BaseException as e:  # KeyboardInterrupt too: it names its batch
                 if not getattr(e, LOCATED, False):
                     e.add_note(self._note(self._i))
                 raise

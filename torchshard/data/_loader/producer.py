@@ -25,7 +25,10 @@ almost always begun ``n``, and the wait is gone. The batch made ahead is one mor
 Every read of a source goes through the run's ``Outside`` (``prefetch.py``), so that closing the
 run never waits for a thread inside its source; a one-pass source comes as its ``Replay``
 (``replay.py``), read through a ``Reader`` whose position after each batch travels with it
-(``Made.reads``).
+(``Made.reads``). A ``KeyboardInterrupt`` or ``SystemExit`` raised while making batch ``n``
+(a source's) is not exchanged, which could wait on the other processes: it reaches the consumer
+at batch ``n``, after every batch before it, and the others learn at their next exchange that
+this process ended (the channel's close).
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ class _Begun:
     made: Made | None  # the batch; None: the end (``error is None``) or a failure
     end: Callable[[], list[list[str]] | None]  # waits for the others' outcomes
     snapshot: list[Any] | None = None  # at the end: the sources' states
-    error: Exception | None = None
+    error: BaseException | None = None
     where: Callable[[int], str] | None = None  # the paths of the batch's leaves
 
 
@@ -326,6 +329,9 @@ class Producer:
             if exchanges is not None:
                 self._agree(exchanges, n, failure(e), error=e)
             raise
+        except BaseException:  # KeyboardInterrupt, SystemExit: at this batch, not exchanged
+            self._fence()
+            raise
         ready = self._fence()
         reads = self.positions()
         if exchanges is None:
@@ -522,6 +528,9 @@ class PipelinedProducer(Producer):
         except Exception as e:  # noqa: BLE001 -- raised by the end, at its batch
             self._fence()  # drop the failed batch's copies
             outcome, error = failure(e), e
+        except BaseException as e:  # noqa: BLE001 -- KeyboardInterrupt: at its batch, unexchanged
+            self._fence()
+            return _Begun(n, None, _not_exchanged, error=e)
         else:
             made = Made(
                 out,
@@ -562,6 +571,11 @@ class PipelinedProducer(Producer):
             exchanges.agreed_end()
             raise StopIteration(EndOfData(begun.snapshot))
         return begun.made
+
+
+def _not_exchanged() -> None:
+    """The end of an exchange that was not begun (a ``KeyboardInterrupt`` raised at its batch)."""
+    return None
 
 
 def producer_for(
