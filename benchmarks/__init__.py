@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "loader": _wheel.BENCHES["loader"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
+    "ctrl_c": "benchmarks.ctrl_c",
     "sweep": "benchmarks.sweep",
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",
