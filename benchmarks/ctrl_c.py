@@ -119,14 +119,22 @@ def _env() -> dict[str, str]:
     return env
 
 
+def default_sigint() -> None:
+    """In the child before its program starts: SIGINT's default action, as a terminal's job has
+    it. A command started in the background by a shell without job control (``cmd &`` in a
+    script, CI) ignores SIGINT, and its children inherit that: Python then installs no
+    ``KeyboardInterrupt`` handler, and every program would ignore the bench's SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(
     argv: Sequence[str], *, group: bool = True, settle: float = SETTLE_S, limit: float = LIMIT_S
 ) -> dict:
-    """Runs ``argv`` in a new process group, waits for its line ``waiting`` and ``settle``
-    seconds more, sends the group SIGINT (``group=False``: the process alone), and returns
-    ``{"seconds": from SIGINT to its end, "returncode", "shown": whether its stderr shows the
-    KeyboardInterrupt, "stdout", "stderr" (tail)}``; killed (and ``seconds`` = ``limit``) if it
-    does not end within ``limit``."""
+    """Runs ``argv`` in a new process group (SIGINT at its default: ``default_sigint``), waits
+    for its line ``waiting`` and ``settle`` seconds more, sends the group SIGINT
+    (``group=False``: the process alone), and returns ``{"seconds": from SIGINT to its end,
+    "returncode", "shown": whether its stderr shows the KeyboardInterrupt, "stdout", "stderr"
+    (tail)}``; killed (and ``seconds`` = ``limit``) if it does not end within ``limit``."""
     child = subprocess.Popen(
         list(argv),
         stdout=subprocess.PIPE,
@@ -134,6 +142,7 @@ def interrupt(
         text=True,
         env=_env(),
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=default_sigint,
     )
     guard = threading.Timer(limit + 600.0, os.killpg, (child.pid, signal.SIGKILL))
     guard.start()  # (a child stuck before its loop)

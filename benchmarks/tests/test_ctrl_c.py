@@ -52,3 +52,15 @@ def test_the_users_program_compiles_and_guards_its_main():
         (2, "close", True),
         (2, "uncaught", False),
     }
+
+
+def test_sigint_reaches_the_program_even_when_the_bench_ignores_it():
+    """A bench started by ``cmd &`` in a script (no job control) ignores SIGINT, and so did
+    every program it started (Python installs no KeyboardInterrupt handler then): each sample
+    ran to the limit, the plain loop's too. The child starts with SIGINT's default."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as such a shell leaves it
+    try:
+        out = bench.interrupt([sys.executable, "-c", WAITS, "uncaught"], settle=0.1, limit=60.0)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert out["returncode"] == -signal.SIGINT and out["shown"], out

@@ -85,6 +85,10 @@ except KeyboardInterrupt as e:
 """
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("after", ["uncaught", "caught, then close()"])
 def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path, after):
     """A real SIGINT, to the process group as a terminal sends it, while ``next()`` waits on a
@@ -103,6 +107,7 @@ def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path, after):
         text=True,
         env={**os.environ, "PYTHONPATH": root},
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=_default_sigint,  # (a job started by `cmd &` in a script ignores SIGINT)
     )
     guard = threading.Timer(120, os.killpg, (child.pid, signal.SIGKILL))  # the hang guard
     guard.start()
