@@ -29,6 +29,7 @@ BENCHES: dict[str, str] = {
     "cp_balance": _wheel.BENCHES["cp_balance"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
+    "ctrl_c": "benchmarks.ctrl_c",
     "sweep": "benchmarks.sweep",
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",

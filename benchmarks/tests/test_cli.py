@@ -80,6 +80,7 @@ def test_the_lab_runs_the_wheel_s_benches_and_its_own():
         "dtensor_loader",
         "loader_gil",
         "soak",
+        "ctrl_c",
         "sweep",
         "ends",
         "epoch_check",
