@@ -25,7 +25,9 @@ from torchshard._core.sharding import (
     device_shard_numbers,
     dim_axes,
     dim_feeds,
+    local_shard_numbers,
     memo,
+    planned_processes,
     shard_counts,
     shard_range,
 )
@@ -77,10 +79,12 @@ def infer_global_shape(
     axes: DimAxes,
     local_shape: tuple[int, ...],
     device_process: tuple[int, ...],
+    processes: tuple[int, ...] | None = (),
 ) -> tuple[int, ...]:
-    """The global shape whose per-process blocks have ``local_shape``; checks divisibility."""
+    """The global shape whose per-process blocks have ``local_shape``; checks divisibility.
+    ``processes``: those whose feeds the caller reads next (``dim_feeds``: shared with it)."""
     check_device_process(mesh, device_process)
-    feeds = dim_feeds(mesh, axes, device_process)
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     out = []
     for i, (n, f) in enumerate(zip(local_shape, feeds, strict=True)):
         if f.count is None:
@@ -103,12 +107,14 @@ def given_global_shape(
     local_shape: tuple[int, ...],
     global_shape: tuple[int, ...],
     device_process: tuple[int, ...],
+    processes: tuple[int, ...] | None = (),
 ) -> tuple[bool, ...]:
     """Checks a given global shape against a host block (JAX's
     ``make_array_from_process_local_data`` with ``global_shape``) and says, per dimension,
     whether the block covers the whole dimension (each host then slices what its devices
     need, by global index) rather than only its own part (its devices' distinct shards, in
-    order: the inferred case). Every host passes a block of ``local_shape``."""
+    order: the inferred case). Every host passes a block of ``local_shape``. ``processes``:
+    as for ``infer_global_shape``."""
     check_device_process(mesh, device_process)
     if len(global_shape) != len(local_shape):
         raise ShardingError(
@@ -117,7 +123,7 @@ def given_global_shape(
             "dimension."
         )
     check_divisible(mesh, spec, axes, global_shape)
-    feeds = dim_feeds(mesh, axes, device_process)
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     full = []
     for i, (m, n, k, f) in enumerate(
         zip(local_shape, global_shape, shard_counts(mesh, axes), feeds, strict=True)
@@ -168,22 +174,23 @@ def plan_from_local(
     cached, successes are, so a steady input stream plans each leaf shape once.
     """
     axes = dim_axes(mesh, spec, len(local_shape))
+    check_device_process(mesh, device_process)
+    where, js = local_shard_numbers(mesh, axes, devices)  # js: [dims, planned devices]
+    if where.size and int(where.min()) < 0:
+        raise ShardingError(f"device {devices[int(where.argmin())]} is not in {mesh!r}.")
+    owners = [device_process[d] for d in devices]
+    # Only the planned devices' processes are read (one host's: O(its devices) kept per split;
+    # every process under virtual hosts), after O(devices) integer work once per split.
+    processes = planned_processes(owners)
     if global_shape is None:
-        global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
+        global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process, processes)
         full = (False,) * len(local_shape)
     else:
-        full = given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process)
-    feeds = dim_feeds(mesh, axes, device_process)
+        full = given_global_shape(
+            mesh, spec, axes, local_shape, global_shape, device_process, processes
+        )
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     counts = shard_counts(mesh, axes)
-    numbers = device_shard_numbers(mesh, axes)
-    # Array work over the planned devices only (a host's few, or every device under virtual
-    # hosts), then one piece per device.
-    where = [numbers.position(d) for d in devices]
-    for d, n in zip(devices, where, strict=True):
-        if n < 0:
-            raise ShardingError(f"device {d} is not in {mesh!r}.")
-    owners = [device_process[d] for d in devices]
-    js = numbers.columns(where)  # [dims, planned devices]
     cut_dims = []  # (dim, chunk, each device's start or None: no cut)
     for dim, (n, k, f) in enumerate(zip(global_shape, counts, feeds, strict=True)):
         if k == 1:
