@@ -405,7 +405,9 @@ def test_a_leaf_path_is_computed_when_an_error_formats_it(monkeypatch):
 
     built = []
     real = tree.paths
-    monkeypatch.setattr(tree, "paths", lambda spec, name: built.append(name) or real(spec, name))
+    monkeypatch.setattr(
+        tree, "paths", lambda spec, name, *parts: built.append(name) or real(spec, name, *parts)
+    )
     lazy = tree.LazyPaths(tree.flatten({"a": [1, 2]})[1], "x")
     where = lazy.at(1)
     assert built == []  # taken, not read

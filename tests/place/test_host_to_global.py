@@ -304,7 +304,9 @@ def test_paths_are_computed_only_for_errors(mesh42, monkeypatch):
 
     built = []
     real = tree.paths
-    monkeypatch.setattr(tree, "paths", lambda spec, name: built.append(name) or real(spec, name))
+    monkeypatch.setattr(
+        tree, "paths", lambda spec, name, *parts: built.append(name) or real(spec, name, *parts)
+    )
 
     def batch(h=0):
         return {
