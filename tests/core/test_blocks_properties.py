@@ -151,6 +151,23 @@ def test_each_processs_plan_is_its_part_of_the_full_plan(case, shuffled):
 
 
 @SETTINGS
+@given(case=cases(), shuffled=st.booleans())
+def test_shared_blocks_match_the_grouping_per_piece(case, shuffled):
+    """The blocks several hosts supply (numpy over the pieces) are those of grouping every
+    piece by its shard numbers (the dict oracle), in the same order, for every device's plan
+    (virtual hosts) and for each process's own."""
+    mesh, owners, spec, local, given_shape = case
+    every = tuple(range(mesh.size))
+    for devices in (every[::-1] if shuffled else every, every[: mesh.size // 2]):
+        plan = _outcome(blocks.plan_from_local, mesh, spec, local, owners, devices, given_shape)
+        if not isinstance(plan, blocks.HostPlan):
+            return
+        new = [(b.ranges, b.owners) for b in blocks.shared_blocks(mesh, plan)]
+        assert new == dict_plan.shared_blocks(mesh, plan)
+        event(f"{min(len(new), 3)} shared blocks")
+
+
+@SETTINGS
 @given(case=cases())
 def test_the_index_map_and_the_layout_match_the_full_dicts(case):
     mesh, owners, spec, shape, _ = case
