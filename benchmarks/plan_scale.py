@@ -34,6 +34,7 @@ ratios; ``python benchmarks/plan_scale.py --trees OLD NEW`` prints the same as o
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import io
 import json
@@ -185,9 +186,8 @@ def measure_devices(devices: int, rounds: int = ROUNDS) -> dict[str, float]:
 
     plan = _best(one_host, rounds)
     virtual_s = _best(virtual, max(1, rounds // 2))
-    kept, peak, per_call = _kept(
-        one_host, [lambda r=8 * (2 + i): one_host(r) for i in range(NEW_SHAPES)]
-    )
+    later = [functools.partial(one_host, 8 * (2 + i)) for i in range(NEW_SHAPES)]  # new shapes
+    kept, peak, per_call = _kept(one_host, later)
     out = {
         "one host: first plan": plan * 1e3,
         "one host: kept": kept / 1024,

@@ -430,7 +430,8 @@ def _layout(args: argparse.Namespace) -> int:
         shape = " x ".join(str(n) for n in args.mesh)
         raise UsageError(
             f"a {shape} mesh has {devices:,} devices; layout describes at most "
-            f"{MAX_LAYOUT_DEVICES:,} (about 10 s), so describe a smaller mesh with the same axes"
+            f"{MAX_LAYOUT_DEVICES:,} (--full prints a row for each), so describe a smaller mesh "
+            "with the same axes"
         )
     if args.png:
         from torchshard._core.optional import require_matplotlib
