@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "epoch_check": "benchmarks.epoch_check",
     "plan_scale": "benchmarks.plan_scale",
     "exchange": "benchmarks.exchange",
+    "deferred": "benchmarks.deferred",
 }
 
 # The lab's own benchmarks (the others are the wheel's, run here too).
@@ -48,6 +49,7 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "epoch_check",
     "plan_scale",
     "exchange",
+    "deferred",
 }
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo

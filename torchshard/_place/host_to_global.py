@@ -2,7 +2,8 @@
 
 Data flow of ``host_to_global_array``: the current mesh, its backend and topology; the call
 (``call.py``) of this host's tree; the backend's agreement step (DTensor: one exchange over
-the tree, overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from
+the tree, overlapping the rest and judged at the result's first use or the next call;
+torch_xla has none); the call's plans (``cache.py``: kept from
 an earlier call, else validated and planned by ``validate.py``); ``place.py`` hands one view
 per local device to the backend. Nothing moves before every leaf is validated.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from torchshard._backend.registry import lookup
-from torchshard._core.agreement import value_check_enabled
+from torchshard._core.agreement import judged_in_the_call, value_check_enabled
 from torchshard._core.context import current_mesh, require_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError
@@ -95,9 +96,10 @@ def host_to_global_array(
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     if torch.compiler.is_compiling():  # torch.compile traces the call: place eagerly
-        return eagerly(host_to_global_array)(
-            host_arrays, partition=partition, global_shape=global_shape
-        )
+        with judged_in_the_call():  # the graph gets the result: no tensor that waits
+            return eagerly(host_to_global_array)(
+                host_arrays, partition=partition, global_shape=global_shape
+            )
     check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:
@@ -125,7 +127,9 @@ def host_to_global_array(
     except BaseException:
         agreed()
         raise
-    agreed()
+    # Judged now, or off the step's path: at the result's first use or the next call
+    # (set_agreement_deferred); the value check below is a call, so it judges it first.
+    out = checks.agree_after(mesh, agreed, call, out, what="host_to_global_array")
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
         checks.check_values(mesh, out, argname="host_arrays", what="host_to_global_array")
     return out
