@@ -25,7 +25,7 @@ from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import emulated
-from torchshard._core.tree import flatten, paths, unflatten
+from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._place.call import HostCall
 from torchshard._place.guard import check_caller, eagerly
 from torchshard._place.host_data import check_supported_dtype, shape_dtype
@@ -175,20 +175,20 @@ def host_to_global_specs(
     # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
     # otherwise be a node); the partition is then matched against a tree of TensorSpecs.
     leaves, treespec = flatten(host_specs, is_leaf=_has_shape_and_dtype)
-    where = paths(treespec, "host_specs")
-    shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
-    for (_, dtype), path in zip(shapes_dtypes, where, strict=True):
-        check_supported_dtype(dtype, path)
+    where = LazyPaths(treespec, "host_specs")  # computed only for an error
+    shapes_dtypes = [shape_dtype(leaf, where.at(i)) for i, leaf in enumerate(leaves)]
+    for i, (_, dtype) in enumerate(shapes_dtypes):
+        check_supported_dtype(dtype, where.at(i))
     as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
     specs = specs_for(spec_tree, as_specs, len(leaves), "host_specs")
     given = global_shapes(global_shape, as_specs, len(leaves), "host_specs", where)
     if full:
         check_full_batch(where, [s for s, _ in shapes_dtypes])
     out = []
-    for (shape, dtype), path, spec, known in zip(shapes_dtypes, where, specs, given, strict=True):
+    for i, (shape, dtype) in enumerate(shapes_dtypes):
         # The plan of the leaf, for no device: the same validation and global shape as placing.
-        p = plan_leaf(mesh, backend, spec, shape, known, topology, (), path)
-        out.append(TensorSpec(p.global_shape, dtype, NamedSharding(mesh, spec)))
+        p = plan_leaf(mesh, backend, specs[i], shape, given[i], topology, (), where.at(i))
+        out.append(TensorSpec(p.global_shape, dtype, NamedSharding(mesh, specs[i])))
     return unflatten(treespec, out)
 
 
