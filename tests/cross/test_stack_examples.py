@@ -12,8 +12,9 @@ docs/stacks.md shows each script's essential part: the text between the script's
 ``# --- docs/stacks.md: NAME`` and ``# --- end``, dedented, is the block after the marker
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
-``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->`` and
-Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
+``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->``,
+Lightning's ``<!-- example:stacks-lightning-ddp -->`` and Ray's
+``<!-- example:stacks-ray-data -->``), so the page shows code that CI runs.
 """
 
 from __future__ import annotations
@@ -95,7 +96,12 @@ EXAMPLES = [
 ]
 IDS = [e.name for e in EXAMPLES]
 # (script, NAME) of every script docs/stacks.md shows a part of.
-SHOWN = [(e.script, e.name) for e in EXAMPLES] + [("lightning_ddp.py", "lightning-ddp")]
+# (Lightning's and Ray's run in tests/integrations/test_lightning.py and test_ray.py, where the
+# stack is installed; Ray's on the Ray cluster that module starts.)
+SHOWN = [(e.script, e.name) for e in EXAMPLES] + [
+    ("lightning_ddp.py", "lightning-ddp"),
+    ("ray_data.py", "ray-data"),
+]
 
 
 def shown_block(name: str) -> str:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -107,6 +110,33 @@ def test_feeds_read_rays_own_splits_and_resume(cluster, pools, tp, equal):
     else:  # every row once; the splits' ragged end padded and masked
         assert every == list(range(rows))
         assert len({sum(map(len, s)) for s in oracle}) > 1  # the splits are ragged
+
+
+def test_the_example_runs_under_torchrun_on_the_cluster(cluster, tmp_path):
+    """examples/stacks/ray_data.py, as docs/stacks.md runs it (the cluster is this module's,
+    not `ray start`'s), on (dp=1, tp=2): the two peers read one split."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_"))}
+    env.update(OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    script = root / "examples" / "stacks" / "ray_data.py"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    out = subprocess.run(
+        [*torchrun, "--nproc-per-node", "2", str(script), "--address", cluster, "--tp", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ray_data:")]
+    expected = (
+        "ray_data: 2 processes on (dp=1, tp=2), 50 rows in batches of 4 per feed: every row "
+        "once per pass, tp peers alike, resumed after 2 batches with the rest"
+    )
+    assert lines == [expected], out.stdout + out.stderr[-3000:]
 
 
 def test_arguments_and_states(cluster, monkeypatch):
