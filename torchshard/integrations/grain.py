@@ -19,6 +19,7 @@ grain is imported on first use.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torchshard._core.feed import feed_read_config, resolve_mesh, resolve_spec
@@ -74,3 +75,72 @@ def shard_options(
         shard_count=feed["num_shards"],
         drop_remainder=drop_remainder,
     )
+
+
+def elastic_iterator(
+    dataset: Any,
+    global_batch_size: int,
+    partition: Any = None,
+    /,
+    *,
+    mesh: Mesh | None = None,
+    read_options: Any = None,
+    multiprocessing_options: Any = None,
+) -> Any:
+    """grain's ``experimental.ElasticIterator`` over this process's feed (``shard_options(
+    partition, mesh=mesh)``), which a ``GlobalBatchLoader`` resumes on another number of
+    processes.
+
+    grain's iterator reads the unbatched ``MapDataset`` ``dataset[n + shard_index ::
+    shard_count]`` in batches of ``global_batch_size // shard_count``, its state is the global
+    index ``{"global_next_index": n}``, the same on every shard; any shard count resumes from
+    it. The one made here is that iterator (a subclass: the same batches, the same states),
+    which also tells the loader that its state is the job's position: the loader's common
+    entry keeps it, and a state saved on ``N`` processes loads on ``M``, every example once.
+
+    Args:
+        dataset: an unbatched, unsharded ``grain.MapDataset`` (no ``filter``: grain refuses it).
+        global_batch_size: the examples per step over every feed (divisible by the feeds).
+        partition, mesh: the batch's layout, as for ``shard_options``.
+        read_options, multiprocessing_options: grain's.
+
+    Raises:
+        ValueError: as grain's ``ElasticIterator`` (a filter in the pipeline); a
+        ``global_batch_size`` not divisible by the feeds (at the first batch, as grain).
+    """
+    options = shard_options(partition, mesh=mesh, drop_remainder=True)
+    kwargs: dict[str, Any] = {"multiprocessing_options": multiprocessing_options}
+    if read_options is not None:
+        kwargs["read_options"] = read_options
+    return _elastic_class()(dataset, global_batch_size, options, **kwargs)
+
+
+@functools.cache
+def _elastic_class() -> type:
+    """grain's ``ElasticIterator`` with the loader's elastic protocol (made once)."""
+    base: Any = _grain().experimental.ElasticIterator
+
+    class ElasticIterator(base):
+        """grain's ``ElasticIterator``, whose state is the job's position (a global index)."""
+
+        def elastic_part(self, state: dict[str, Any]) -> dict[str, Any]:
+            return {"global_next_index": int(state["global_next_index"])}
+
+        @staticmethod
+        def merge_elastic_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            if len(parts) != 1:
+                raise ValueError(
+                    "ElasticIterator: the processes saved different global indices "
+                    f"({sorted(p['global_next_index'] for p in parts)}); every shard of an "
+                    "ElasticIterator advances by the global batch per step, so they were not "
+                    "saved after the same step. Save the loader's state on every process after "
+                    "the same batch."
+                )
+            return dict(parts[0])
+
+        def load_elastic_state(self, position: dict[str, Any]) -> None:
+            self.set_state({"global_next_index": int(position["global_next_index"])})
+
+    ElasticIterator.__module__ = __name__
+    ElasticIterator.__qualname__ = "ElasticIterator"
+    return ElasticIterator
