@@ -31,6 +31,7 @@ BENCHES: dict[str, str] = {
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",
     "plan_scale": "benchmarks.plan_scale",
+    "exchange": "benchmarks.exchange",
 }
 
 # The lab's own benchmarks (the others are the wheel's, run here too).
@@ -44,6 +45,7 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "dtensor_loader",
     "epoch_check",
     "plan_scale",
+    "exchange",
 }
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo
