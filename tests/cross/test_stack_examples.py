@@ -5,7 +5,7 @@ parallel sharding equal to torch's ``context_parallel``, and, where the stack is
 (else they skip, naming it), torchtitan (``torch.equal`` losses against its stock
 ``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint) and accelerate
 (the examples of every step equal to accelerate's own feed, the losses within float
-rounding). (Lightning's example runs in ``tests/integrations/test_lightning.py``, where
+rounding). (Lightning's examples run in ``tests/integrations/test_lightning.py``, where
 Lightning is installed.)
 
 docs/stacks.md shows each script's essential part: the text between the script's lines
@@ -14,7 +14,8 @@ docs/stacks.md shows each script's essential part: the text between the script's
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
 ``<!-- example:stacks-context-parallel-packed -->``,
 ``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->``,
-Lightning's ``<!-- example:stacks-lightning-ddp -->`` and Ray's
+Lightning's ``<!-- example:stacks-lightning-ddp -->`` and
+``<!-- example:stacks-lightning-resume -->``, and Ray's
 ``<!-- example:stacks-ray-data -->``), so the page shows code that CI runs.
 """
 
@@ -129,6 +130,7 @@ IDS = [e.name if e.processes == 2 else f"{e.name}-{e.processes}" for e in EXAMPL
 SHOWN = list(dict.fromkeys((e.script, e.name) for e in EXAMPLES))
 SHOWN += [
     ("lightning_ddp.py", "lightning-ddp"),
+    ("lightning_resume.py", "lightning-resume"),
     ("ray_data.py", "ray-data"),
     ("context_parallel.py", "context-parallel-packed"),
 ]
