@@ -3,7 +3,8 @@ them, and print their summary: FSDP2 and DDP, TP and SP on (dp=2, tp=2), each fe
 ``GlobalBatchLoader`` and by a ``DistributedSampler`` with ``torch.equal`` losses, context
 parallel sharding equal to torch's ``context_parallel``, and, where the stack is installed
 (else they skip, naming it), torchtitan (``torch.equal`` losses against its stock
-``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint) and accelerate
+``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint; its main
+branch's grain loader protocol against grain's own ``ElasticIterator``) and accelerate
 (the examples of every step equal to accelerate's own feed, the losses within float
 rounding). (Lightning's examples run in ``tests/integrations/test_lightning.py``, where
 Lightning is installed.)
@@ -13,7 +14,8 @@ docs/stacks.md shows each script's essential part: the text between the script's
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
 ``<!-- example:stacks-context-parallel-packed -->``,
-``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->``,
+``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-torchtitan-grain -->``,
+``<!-- example:stacks-accelerate-ddp -->``,
 Lightning's ``<!-- example:stacks-lightning-ddp -->`` and
 ``<!-- example:stacks-lightning-resume -->``, and Ray's
 ``<!-- example:stacks-ray-data -->``), so the page shows code that CI runs.
@@ -113,6 +115,14 @@ EXAMPLES = [
         "torchtitan_dp: 2 processes, FSDP2, 4 steps: losses equal to torchtitan's "
         "ParallelAwareDataloader; resumed from dcp with the same batches",
         stack="torchtitan",
+    ),
+    Example(
+        "torchtitan_grain.py",
+        2,
+        (("torch.distributed.fsdp", "fully_shard"),),
+        "torchtitan_grain: 2 processes, FSDP2, 23 samples: every rank stopped after step 5 "
+        "(grain alone: 6 and 5); resumed from dcp with grain's own batches",
+        stack="grain",
     ),
     Example(
         "accelerate_ddp.py",
