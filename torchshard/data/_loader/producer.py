@@ -58,7 +58,7 @@ from torchshard.data._loader.batch_check import (
     host_nbytes,
     indivisible_error,
 )
-from torchshard.data._loader.checkpoint import capture, stateful
+from torchshard.data._loader.checkpoint import capture, holder
 from torchshard.data._loader.echo import echo_error, stream_workers
 from torchshard.data._loader.exchanges import Exchanges, judge
 from torchshard.data._loader.last_batch import (
@@ -184,7 +184,8 @@ class Producer:
         ]
         self.readers = [it for it in self.its if isinstance(it, Reader)]
         self.all_sources = list(sources)
-        self.sources = sources if all(stateful(s) for s in sources) else None
+        held = [holder(s, it) for s, it in zip(sources, its, strict=True)]
+        self.sources = held if all(h is not None for h in held) else None
         self.dispatchers = dispatchers
         self.exchanges = exchanges
         self.threads = plan.backend.threads
