@@ -25,6 +25,8 @@ BENCHES: dict[str, str] = {
     "dtensor_loader": "benchmarks.dtensor_loader",
     "h2d": _wheel.BENCHES["h2d"],
     "loader": _wheel.BENCHES["loader"],
+    "packing": _wheel.BENCHES["packing"],
+    "cp_balance": _wheel.BENCHES["cp_balance"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
     "sweep": "benchmarks.sweep",

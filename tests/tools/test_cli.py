@@ -158,7 +158,7 @@ def test_bench_choices_come_from_the_registry():
     assert result.returncode == 0
     assert "{" + ",".join([*BENCHES, "all"]) + "}" in result.stdout.replace("\n", "")
     # What users run; the maintainers' benches (g2h, sweep, ...) are the lab's (benchmarks/).
-    assert set(BENCHES) == {"h2g", "overhead", "dtensor", "h2d", "loader"}
+    assert set(BENCHES) == {"h2g", "overhead", "dtensor", "h2d", "loader", "packing", "cp_balance"}
     assert "--plot" not in result.stdout
 
 
