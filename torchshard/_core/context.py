@@ -32,6 +32,15 @@ def current_mesh() -> Mesh | None:
     return stack[-1] if stack else None
 
 
+def current_mesh_of(backend: str) -> Mesh | None:
+    """The innermost mesh of the backend called ``backend`` current in this task or thread
+    (entered, or lent with ``thread_mesh``), or ``None``."""
+    for mesh in reversed(_STACK.get()):
+        if mesh.backend == backend:
+            return mesh
+    return None
+
+
 def require_mesh(caller: str) -> Mesh:
     """The current mesh; raises ``NoMeshError`` naming ``caller`` when there is none."""
     mesh = current_mesh()
