@@ -96,6 +96,11 @@ class ChildRun(pytest.Item):
                 cmd += ["-p", plugin]
         for w in config.known_args_namespace.pythonwarnings or ():
             cmd += ["-W", w]
+        if config.pluginmanager.hasplugin("xdist"):
+            # One process: this run (or its xdist worker) already spreads the items; the
+            # project's addopts (-n 2 --dist each) would start workers of the child's own,
+            # each running (--dist each: all of) its items again and writing the reports.
+            cmd += ["-n", "0", "--dist", "no"]
         return cmd
 
     def _child(self) -> _Child:
@@ -113,6 +118,7 @@ class ChildRun(pytest.Item):
             proc = subprocess.run(
                 cmd,
                 cwd=self.config.rootpath,
+                stdin=subprocess.DEVNULL,  # an xdist worker's stdin is its channel to the run
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
