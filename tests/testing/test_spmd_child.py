@@ -114,21 +114,25 @@ XDIST_PROJECT = {
 
 
 @pytest.mark.xla
-def test_under_xdist_each_worker_runs_one_child_per_count_without_xdist(tmp_path):
+@pytest.mark.parametrize("dist", ["each", "load"])
+def test_under_xdist_every_item_runs_once_per_worker_that_runs_it(tmp_path, dist):
     """-n 2 --dist each: each worker runs every item, the items of its other count in one
     child of its own, which runs them itself (before: the child inherited -n 2 --dist each and
     ran each item on two workers of its own; and the spmd marker, unregistered when the
-    conftest asked for the plugin, failed --strict-markers at collection)."""
+    conftest asked for the plugin, failed --strict-markers at collection). -n 2 --dist load:
+    each item runs once, in the child of the worker it was sent to (before: each worker's
+    child ran every item of its count, so an item sent to one worker ran in both)."""
     project = pytest_projects.write(tmp_path / "project", XDIST_PROJECT)
     record = tmp_path / "record.jsonl"
     env = pytest_projects.environment(HOME=str(project), RECORD=str(record))
-    run = pytest_projects.run(project, "-rfEs", env=env)
+    run = pytest_projects.run(project, "-rfEs", f"--dist={dist}", env=env)
     out = "\n".join(run.outlines + run.errlines)
     assert run.ret == 0, out
-    run.assert_outcomes(passed=12)  # 6 items on each of 2 workers
+    workers = 2 if dist == "each" else 1  # the workers that run each item
+    run.assert_outcomes(passed=6 * workers)
     runs = [tuple(r) for r in map(json.loads, record.read_text().splitlines())]
     assert collections.Counter((count, k) for count, k, _ in runs) == {
-        (count, k): 2 for count in (4, 8) for k in range(3)
-    }
-    children = {pid for count, _, pid in runs if count == 4}
-    assert len(children) == 2  # one child per worker for count 4, each ran its 3 items
+        (count, k): workers for count in (4, 8) for k in range(3)
+    }, out
+    if dist == "each":  # one child per worker for count 4, each ran its 3 items
+        assert len({pid for count, _, pid in runs if count == 4}) == 2
