@@ -25,12 +25,15 @@ BENCHES: dict[str, str] = {
     "dtensor_loader": "benchmarks.dtensor_loader",
     "h2d": _wheel.BENCHES["h2d"],
     "loader": _wheel.BENCHES["loader"],
+    "packing": _wheel.BENCHES["packing"],
+    "cp_balance": _wheel.BENCHES["cp_balance"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
     "sweep": "benchmarks.sweep",
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",
     "plan_scale": "benchmarks.plan_scale",
+    "exchange": "benchmarks.exchange",
 }
 
 # The lab's own benchmarks (the others are the wheel's, run here too).
@@ -44,6 +47,7 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "dtensor_loader",
     "epoch_check",
     "plan_scale",
+    "exchange",
 }
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo

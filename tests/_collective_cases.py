@@ -221,10 +221,13 @@ def replica_values(kind: str, check: bool | None) -> dict[str, Any]:
     return out
 
 
-def thread_names_differ() -> dict[str, Any]:
-    """Each rank makes the same call from a thread named after its rank: calls are matched by
-    thread name, so they never meet; the timeout error says so (it blamed "no torchshard call
-    yet" and nothing more)."""
+def threads_meet() -> dict[str, Any]:
+    """The same calls from threads named differently on the two ranks meet: a
+    ``host_to_global_array`` on ``MainThread`` (rank 0) and on a thread named ``trainer``
+    (rank 1); default-named threads where rank 1 started an extra thread first; a loader's
+    epoch on those threads; two streams named by ``call_stream`` used at once by two threads
+    of each rank. Then two threads of rank 0 making calls on one stream at the same time: the
+    second raises at once, naming the threads and ``call_stream``."""
     import threading
 
     import torch.distributed as dist
@@ -233,16 +236,83 @@ def thread_names_differ() -> dict[str, Any]:
     rank = dist.get_rank()
     mesh = _mesh(dist.get_world_size())
     out: dict[str, Any] = {}
+
+    def on_thread(name: str | None, fn: Any) -> dict[str, Any]:
+        got: dict[str, Any] = {}
+
+        def work() -> None:
+            with mesh:
+                got.update(_timed(fn))
+
+        t = threading.Thread(target=work, name=name)
+        t.start()
+        t.join(60)
+        return got
+
+    def h2g() -> Any:
+        return tuple(ts.host_to_global_array(torch.full((2, 3), float(rank)))[0].shape)
+
     with mesh:
         ts.host_to_global_array(torch.zeros(2, 3))  # the main threads: in step
+        if rank == 0:
+            out["named"] = _timed(h2g)
+        else:
+            out["named"] = on_thread("trainer", h2g)
+        if rank == 1:  # one extra default-named thread: the next one's name differs
+            threading.Thread(target=lambda: None).start()
+        out["default"] = on_thread(None, h2g)
 
-    def work() -> None:
-        with mesh:
-            out.update(_timed(lambda: ts.host_to_global_array(torch.zeros(2, 3))))
+        def epoch() -> None:
+            source = [{"x": torch.full((2, 4), float(i))} for i in range(4)]
+            with ts.GlobalBatchLoader(source, prefetch=2) as loader:
+                assert [int(b["x"].to_local()[0, 0]) for b in loader] == [0, 1, 2, 3]
 
-    t = threading.Thread(target=work, name=f"worker-of-rank-{rank}")
-    t.start()
-    t.join(60)
+        out["loader"] = on_thread(f"loop-of-rank-{rank}", epoch) if rank else _timed(epoch)
+
+        def stream(name: str) -> Any:
+            def fn() -> None:
+                with ts.call_stream(name):
+                    for _ in range(5):
+                        h2g()
+
+            return lambda: on_thread(f"{name}-{rank}", fn)
+
+        results: dict[str, Any] = {}
+        ts_ = [
+            threading.Thread(target=lambda n=n: results.update({n: stream(n)()}))
+            for n in ("eval", "train")
+        ]
+        for t in ts_:
+            t.start()
+        for t in ts_:
+            t.join(60)
+        out["streams"] = results
+        if rank == 0:  # two threads on one stream at once: the second is refused
+            gate = threading.Event()
+            release = threading.Event()
+            from torchshard._backend.dtensor import collective
+
+            s = collective.session()
+            assert s is not None
+
+            def hold() -> None:
+                end = s.begin("held", [])
+                gate.set()
+                release.wait(30)
+                out["held"] = "agreed" if end().agreed else "differed"
+
+            holder = threading.Thread(target=hold, name="holder")
+            holder.start()
+            gate.wait(30)
+            out["second"] = on_thread("second", h2g)
+            release.set()
+            holder.join(60)
+        else:
+            from torchshard._backend.dtensor import collective
+
+            s = collective.session()
+            assert s is not None
+            out["held"] = "agreed" if s.exchange("held", []).agreed else "differed"
     return out
 
 
@@ -319,7 +389,9 @@ def pipelined_exchanges(rounds: int = 120, differ_at: int = 57) -> dict[str, Any
     s.close_channel(channel, finished=True, taken=rounds)
     dist.barrier()
     return {
-        "agreed": [k for k, v in enumerate(verdicts) if v is None],
-        "differed": {k: v for k, v in enumerate(verdicts) if v is not None},
+        "agreed": [k for k, v in enumerate(verdicts) if v.agreed],
+        "differed": {
+            k: [list(i) for i in v.per_process()] for k, v in enumerate(verdicts) if not v.agreed
+        },
         "keys": default_store().num_keys() - keys_before,
     }

@@ -16,9 +16,13 @@ from typing import Any as _Any
 
 from torchshard import errors as errors
 from torchshard._backend.xla.env import setup_cpu_emulation as setup_cpu_emulation
+from torchshard._core.agreement import call_stream as call_stream
 from torchshard._core.agreement import set_agreement_check as set_agreement_check
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
+from torchshard._core.context_parallel import (
+    context_parallel_order as context_parallel_order,
+)
 from torchshard._core.context_parallel import (
     context_parallel_positions as context_parallel_positions,
 )
@@ -98,7 +102,9 @@ __all__ = [
     "ShardingLayout",
     "SpmdInputDispatcher",
     "TensorSpec",
+    "call_stream",
     "complete_partition_spec_tree",
+    "context_parallel_order",
     "context_parallel_positions",
     "create_device_mesh",
     "current_mesh",

@@ -15,6 +15,7 @@ import torchshard as ts
 from torchshard._core import agreement
 from torchshard._core.agreement import describe, digest, disagreement, with_mesh
 from torchshard._core.tree import LazyPaths, flatten
+from torchshard._core.verdict import Verdict
 
 
 def _describe(tree, partition=None):
@@ -65,7 +66,7 @@ def test_the_error_names_the_first_leaf_that_differs_and_the_processes():
     odd = list(ref)
     odd[3] = "(3,) float32"
     where = LazyPaths(treespec, "host_arrays").__getitem__
-    err = disagreement("host_arrays", [ref, odd, ref, odd], where)
+    err = disagreement("host_arrays", Verdict.of([ref, odd, ref, odd]).groups, where)
     assert isinstance(err, ts.errors.ProcessDisagreementError)
     assert isinstance(err, ValueError)
     assert str(err) == (
@@ -79,7 +80,7 @@ def test_the_error_names_the_first_leaf_that_differs_and_the_processes():
 def test_a_structure_difference_is_reported_first():
     a = _describe({"x": torch.zeros(2)}, ts.P("data"))
     b = _describe({"x": torch.zeros(2), "z": torch.zeros(2)}, ts.P("data"))
-    err = disagreement("host_arrays", [a, b], lambda i: f"leaf {i}")
+    err = disagreement("host_arrays", Verdict.of([a, b]).groups, lambda i: f"leaf {i}")
     assert str(err) == (
         "host_arrays: every process must pass the same tree structure and partition; expected "
         "structure PyTreeSpec({'x': *}), partition P('data',) (as on process 0), got structure "
@@ -141,7 +142,7 @@ def test_processes_on_meshes_with_the_axes_in_another_order_disagree():
     mine, other = with_mesh(items, a), with_mesh(items, b)
     assert mine != other and mine[1:] == items[1:]
     assert digest(mine) != digest(other)
-    err = disagreement("host_arrays", [mine, other], lambda i: f"leaf {i}")
+    err = disagreement("host_arrays", Verdict.of([mine, other]).groups, lambda i: f"leaf {i}")
     assert str(err) == (
         "host_arrays: every process must place on the same mesh (axis names in the same order, "
         "the same sizes and devices); expected mesh {'data': 4, 'model': 2} of devices "
@@ -157,6 +158,6 @@ def test_a_structure_disagreement_on_one_mesh_does_not_show_the_mesh():
     mesh = ts.Mesh(np.arange(2), ("data",), backend="dtensor")
     a = with_mesh(_describe({"x": np.zeros(4)}, ts.P("data")), mesh)
     b = with_mesh(_describe({"x": np.zeros(4), "y": np.zeros(4)}, ts.P("data")), mesh)
-    err = str(disagreement("host_arrays", [a, b], lambda i: f"leaf {i}"))
+    err = str(disagreement("host_arrays", Verdict.of([a, b]).groups, lambda i: f"leaf {i}"))
     assert err.startswith("host_arrays: every process must pass the same tree structure")
     assert "mesh" not in err

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from torchshard._core.mesh import Mesh
     from torchshard._core.sharding import DimAxes
     from torchshard._core.topology import Topology
+    from torchshard._core.verdict import Verdict
 
 MakeGlobal = Callable[[Sequence["torch.Tensor"]], "torch.Tensor"]
 
@@ -167,7 +168,27 @@ class InStep(Protocol):
 
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """``out[l] = x[index[l]]`` along dim 0, for a global ``x`` and an ``index`` from
-        ``full_local`` (the same on every process). The result is sharded like ``x``."""
+        ``full_local`` (the same on every process). The result is sharded like ``x``. Floats
+        move as bits where the backend can (-0.0 and NaN payloads kept)."""
+        ...
+
+    splits_unevenly: bool
+    """Whether a step's result can be split along a dimension that the mesh axes do not
+    divide: DTensor's ``Shard`` can; torch_xla 2.9 returns such a result replicated (a graph's
+    output), resharded through a sum of floats. Dispatch asks for ``P()`` where it cannot."""
+
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        """``out[targets[p]] = x[p]`` for the rows ``p`` of a global ``x`` whose row target
+        (``targets``, ``[P]``, a global tensor) is ``>= 0``: the ``logical`` rows, dim 0 split
+        over the mesh axes ``axes`` (which divide ``logical``). ``None`` where the backend has
+        no direct route for ``x``: the caller gathers with ``full_local`` and ``take_rows``."""
         ...
 
 
@@ -244,14 +265,17 @@ class ProcessChecks(Protocol):
         what: str = "torchshard",
         channel: str | None = None,
         force: bool = False,
-    ) -> list[list[str]] | None:
-        """Every process's ``items`` when they differ, ``None`` when they agree (or when
-        ``compares`` is False): the collective behind ``agree_begin``, for callers that
-        describe more than a call (a loader's batch outcome). ``what`` names the call: it is
-        compared too (processes in different calls are out of step), and a process that does
-        not answer within the default group's timeout makes a ``CollectiveError`` naming it.
-        ``force``: exchange also with the agreement check off (on several processes), for a
-        caller that needs the others' items (a loader's end of data).
+        counts: Sequence[int] = (),
+    ) -> Verdict | None:
+        """The processes' ``items`` compared and their ``counts`` reduced: a ``Verdict`` (its
+        groups of processes by the items they passed, one when they agree; the sum, min and max
+        of each count), or ``None`` when ``compares`` is False: the collective behind
+        ``agree_begin``, for callers that describe more than a call (a loader's batch outcome,
+        its real rows). ``what`` names the call: it is compared too (processes in different
+        calls are out of step), and a process that does not answer within the default group's
+        timeout makes a ``CollectiveError`` naming it. ``force``: exchange also with the
+        agreement check off (on several processes), for a caller that needs the others' items
+        or counts (a loader's end of data, its length).
 
         ``channel``: a sequence of exchanges from ``open_channel`` (then any one thread at a
         time may run its exchanges, a loader's background thread included); default: the
@@ -265,7 +289,7 @@ class ProcessChecks(Protocol):
         *,
         what: str = "torchshard",
         channel: str | None = None,
-    ) -> Callable[[], list[list[str]] | None]:
+    ) -> Callable[[], Verdict | None]:
         """``exchange`` in two halves: starts it (this process's items written, no waiting) and
         returns its end, which waits for the others and returns what ``exchange`` returns (a
         no-op end unless ``compares``). Between the two the thread may do other work and

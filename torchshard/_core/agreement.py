@@ -4,8 +4,8 @@ With one process per device (the DTensor backend), each process infers the globa
 leaf from its own block. Processes that pass different shapes would build different global
 tensors, and the first collective would then hang or mix data. So before anything is planned,
 each process describes its call (the tree structure and partition, then each leaf's shape and
-dtype), hashes the description to 8 bytes, and the processes exchange the digests through the
-default process group's store (the backend's bounded exchange, overlapped with placement).
+dtype), hashes the description to 8 bytes, and the processes exchange the digests (the
+backend's bounded exchange: DTensor's exchange tree, overlapped with placement).
 Only when the digests differ are the descriptions themselves exchanged, to name the first
 leaf that differs; every process then raises the same ``ProcessDisagreementError``.
 
@@ -26,13 +26,17 @@ batch: the failing process its own error, the others ``outcome_disagreement``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torchshard._core.errors import ProcessDisagreementError, at
+from torchshard._core.ranks import RankSet
+from torchshard._core.verdict import Group
 
 ENV_VAR = "TORCHSHARD_AGREEMENT_CHECK"
 VALUES_ENV_VAR = "TORCHSHARD_VALUE_CHECK"
@@ -69,6 +73,68 @@ class _State:
 
 _STATE = _State()
 
+# Who hears of a switch (the backends that tell the other processes): called with the switch's
+# name and its new value, after it changed, on the thread that changed it.
+_LISTENERS: list[Callable[[str, Any], None]] = []
+
+
+def on_switch(listener: Callable[[str, Any], None]) -> None:
+    """Registers ``listener(name, value)``, called after ``set_agreement_check`` or
+    ``set_value_check`` changed a switch (``name`` is the function's)."""
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+
+
+def switches() -> dict[str, Any]:
+    """This process's switches, by the name of the function that sets each."""
+    return {"set_agreement_check": _STATE.enabled, "set_value_check": _STATE.values}
+
+
+def _switched(name: str, value: Any) -> None:
+    for listener in list(_LISTENERS):
+        listener(name, value)
+
+
+MAIN_STREAM = "main"
+_STREAM: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "torchshard_call_stream", default=MAIN_STREAM
+)
+
+
+@contextlib.contextmanager
+def call_stream(name: str, /) -> Iterator[None]:
+    """Matches the torchshard calls made inside the block with the other processes' calls of
+    the stream ``name``, in order, apart from the calls outside it.
+
+    The processes' torchshard calls that compare or exchange something (the agreement check, a
+    loader's epochs, read-backs on DTensor) meet in program order on the *main* stream, whatever
+    thread makes them: a program whose ``host_to_global_array`` runs on ``MainThread`` on one
+    process and on a thread named ``trainer`` on another is matched call for call. Two threads
+    of one process that make such calls *at the same time* need a stream each, named alike on
+    every process (a thread's calls outside any ``call_stream`` block are on ``"main"``)::
+
+        def evaluate():
+            with torchshard.call_stream("eval"):
+                for batch in eval_loader: ...
+
+    Raises ``TypeError`` for a name that is not a non-empty ``str``.
+    """
+    if not isinstance(name, str) or not name or "\x1f" in name:
+        raise TypeError(
+            f"call_stream: name must be a non-empty str, but got {name!r}; pass a name that is "
+            "the same on every process, e.g. call_stream('eval')."
+        )
+    token = _STREAM.set(name)
+    try:
+        yield
+    finally:
+        _STREAM.reset(token)
+
+
+def current_stream() -> str:
+    """The calling context's stream of torchshard calls (``"main"`` outside ``call_stream``)."""
+    return _STREAM.get()
+
 
 def set_agreement_check(enabled: bool, /) -> bool:
     """Turns the cross-process shape/dtype agreement check on or off; returns the old setting.
@@ -76,10 +142,10 @@ def set_agreement_check(enabled: bool, /) -> bool:
     With one process per device (the DTensor backend), ``host_to_global_array`` first checks
     that every process passed the same tree structure, partition, shapes and dtypes, so that a
     disagreement is a clear error on every process instead of a hang. The check costs one
-    exchange of a short digest of the call through the default process group's store,
-    overlapped with placement, and is bounded by the default group's timeout; turn it off
-    when the input pipeline guarantees equal shapes and that latency matters. The environment
-    variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
+    exchange of a short digest of the call between the processes (torchshard's exchange tree:
+    O(log N) hops), overlapped with placement, and is bounded by the default group's timeout;
+    turn it off when the input pipeline guarantees equal shapes and that latency matters. The
+    environment variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
     backend does not check (it has no cheap collective outside a step).
 
     Example:
@@ -91,6 +157,8 @@ def set_agreement_check(enabled: bool, /) -> bool:
         raise TypeError(f"set_agreement_check: expected a bool, but got {enabled!r}.")
     with _STATE.lock:
         old, _STATE.enabled = _STATE.enabled, enabled
+    if old != enabled:
+        _switched("set_agreement_check", enabled)
     return old
 
 
@@ -113,9 +181,9 @@ def set_value_check(enabled: bool | None, /) -> bool | None:
     off too, ``True`` (or ``TORCHSHARD_VALUE_CHECK=1``) checks every batch and every
     ``host_to_global_array``.
 
-    The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange
-    through the default store in which every process reads every other's checksums (see
-    docs/design.md for measurements). Environment variable: ``TORCHSHARD_VALUE_CHECK=1``.
+    The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange in
+    which the processes' checksums are compared per block as they meet up the exchange tree
+    (see docs/design.md for measurements). Environment variable: ``TORCHSHARD_VALUE_CHECK=1``.
     The torch_xla backend does not check across processes.
 
     Example:
@@ -127,6 +195,8 @@ def set_value_check(enabled: bool | None, /) -> bool | None:
         raise TypeError(f"set_value_check: expected a bool or None, but got {enabled!r}.")
     with _STATE.lock:
         old, _STATE.values = _STATE.values, enabled
+    if old != enabled:
+        _switched("set_value_check", enabled)
     return old
 
 
@@ -192,33 +262,35 @@ def digest(items: Sequence[str]) -> int:
 
 
 def disagreement(
-    argname: str, per_process: Sequence[Sequence[str]], where: Callable[[int], str]
+    argname: str, groups: Sequence[Group], where: Callable[[int], str]
 ) -> ProcessDisagreementError:
     """The error naming the first item on which the processes' descriptions differ.
 
-    ``per_process[p]`` is process ``p``'s ``describe`` output; ``where(i)`` is leaf ``i``'s path.
+    ``groups``: the processes that passed each distinct ``describe`` output, the group of the
+    lowest rank first (``Verdict.groups``); ``where(i)`` is leaf ``i``'s path.
     """
-    ref = per_process[0]
-    n = max(len(items) for items in per_process)
+    ref = groups[0].items
+    first = groups[0].ranks.first if groups[0].ranks.ranges else 0
+    n = max(len(g.items) for g in groups)
     for i in range(n):
-        seen = [items[i] if i < len(items) else "nothing" for items in per_process]
+        seen = [g.items[i] if i < len(g.items) else "nothing" for g in groups]
         if len(set(seen)) == 1:
             continue
-        groups: dict[str, list[int]] = {}
-        for p, d in enumerate(seen):
+        by: dict[str, RankSet] = {}
+        for g, d in zip(groups, seen, strict=True):
             if d != seen[0]:
-                groups.setdefault(d, []).append(p)
-        got = "; ".join(f"{d} on process(es) {ps}" for d, ps in groups.items())
+                by[d] = by[d] | g.ranks if d in by else g.ranks
+        got = "; ".join(f"{d} on process(es) [{ps}]" for d, ps in by.items())
         if i == 0 and len({d.rpartition(", mesh ")[0] for d in seen}) == 1 and ", mesh " in ref[0]:
-            meshes = "; ".join(f"{_mesh_of(d)} on process(es) {ps}" for d, ps in groups.items())
+            meshes = "; ".join(f"{_mesh_of(d)} on process(es) [{ps}]" for d, ps in by.items())
             return ProcessDisagreementError(
                 at(
                     argname,
                     f"every process must place on the same mesh (axis names in the same order, "
                     f"the same sizes and devices); expected {_mesh_of(seen[0])} (as on "
-                    f"process 0), got {meshes}. Build the mesh alike on every process (e.g. "
-                    "init_device_mesh(..., mesh_dim_names=...) with the same names in the same "
-                    "order).",
+                    f"process {first}), got {meshes}. Build the mesh alike on every process "
+                    "(e.g. init_device_mesh(..., mesh_dim_names=...) with the same names in the "
+                    "same order).",
                 )
             )
         if i == 0:
@@ -226,22 +298,22 @@ def disagreement(
             if ", mesh " in ref[0] and len({_mesh_of(d) for d in seen}) == 1:  # same mesh
                 expected = expected.rpartition(", mesh ")[0]
                 got = "; ".join(
-                    f"{d.rpartition(', mesh ')[0]} on process(es) {ps}" for d, ps in groups.items()
+                    f"{d.rpartition(', mesh ')[0]} on process(es) [{ps}]" for d, ps in by.items()
                 )
             return ProcessDisagreementError(
                 at(
                     argname,
                     f"every process must pass the same tree structure and partition; "
-                    f"expected {expected} (as on process 0), got {got}.",
+                    f"expected {expected} (as on process {first}), got {got}.",
                 )
             )
         return ProcessDisagreementError(
             at(
                 where(i - 1),
                 f"every process must pass the same shape and dtype for a leaf (the "
-                f"global shape is inferred from them); expected {seen[0]} (as on process 0), got "
-                f"{got}. Make every process's input yield the same shapes and dtypes (pad or drop "
-                "a short last batch, or use torchshard.InputDispatcher).",
+                f"global shape is inferred from them); expected {seen[0]} (as on process "
+                f"{first}), got {got}. Make every process's input yield the same shapes and "
+                "dtypes (pad or drop a short last batch, or use torchshard.InputDispatcher).",
             )
         )
     return ProcessDisagreementError(
@@ -267,18 +339,19 @@ def failure(error: BaseException) -> list[str]:
 
 
 def outcome_disagreement(
-    what: str, per_process: Sequence[Sequence[str]], where: Callable[[int], str]
+    what: str, groups: Sequence[Group], where: Callable[[int], str]
 ) -> ProcessDisagreementError:
     """The error for a loader's batch whose outcome differs between the processes.
 
-    ``per_process[p]`` is process ``p``'s outcome: ``describe`` output, ``[END_OF_DATA]`` or
-    ``failure(e)``. When every process made a batch, this is ``disagreement``'s error."""
-    batches = [items for items in per_process if items and items[0].startswith("structure ")]
-    if len(batches) == len(per_process):
-        return disagreement(what, per_process, where)
+    ``groups``: the processes of each distinct outcome (``describe`` output, ``[END_OF_DATA]``
+    or ``failure(e)``), lowest rank first. When every process made a batch, this is
+    ``disagreement``'s error."""
+    if all(g.items and g.items[0].startswith("structure ") for g in groups):
+        return disagreement(what, groups, where)
     seen = "; ".join(
-        f"process {p}: {items[0] if not items[0].startswith('structure ') else 'a batch'}"
-        for p, items in enumerate(per_process)
+        f"{'process' if len(g.ranks) == 1 else 'processes'} {g.ranks}: "
+        f"{g.items[0] if g.items and not g.items[0].startswith('structure ') else 'a batch'}"
+        for g in groups
     )
     return ProcessDisagreementError(
         at(

@@ -12,30 +12,33 @@ import torch
 
 import torchshard as ts
 from torchshard._backend.dtensor import checks
+from torchshard._core.verdict import Verdict
 
 CASES = "_collective_cases:"
 
 
 def test_in_step_drops_the_call_names_when_the_processes_agree():
-    assert checks.in_step("host_arrays", None) is None  # they agree: nothing to report
+    agreed = checks.in_step("host_arrays", Verdict.of([["host_arrays", "a"]] * 3))
+    assert agreed.agreed and [g.items for g in agreed.groups] == [("a",)]
     every = [["host_arrays", "a", "b"], ["host_arrays", "a", "c"]]
-    assert checks.in_step("host_arrays", every) == [["a", "b"], ["a", "c"]]
+    differ = checks.in_step("host_arrays", Verdict.of(every))
+    assert differ.per_process() == [("a", "b"), ("a", "c")]
 
 
-def test_in_step_names_each_ranks_call_when_they_are_out_of_step():
+def test_in_step_names_each_calls_ranks_when_they_are_out_of_step():
     every = [["host_arrays", "x"], ["GlobalBatchLoader: batch 3", "x"], ["host_arrays", "x"]]
     with pytest.raises(
         ts.errors.ProcessDisagreementError,
         match="^"
         + re.escape(
             "host_arrays: the processes are out of step, each in another torchshard call "
-            "(rank 0: host_arrays; rank 1: GlobalBatchLoader: batch 3; rank 2: host_arrays). "
+            "(ranks 0, 2: host_arrays; rank 1: GlobalBatchLoader: batch 3). "
             "Every process must make the same torchshard calls in the same order (the same "
             "host_to_global_array calls, the same loader batches, the same read-backs)."
         )
         + "$",
     ):
-        checks.in_step("host_arrays", every)
+        checks.in_step("host_arrays", Verdict.of(every))
 
 
 def test_the_checksum_is_blake2b_of_the_bytes():
@@ -52,6 +55,29 @@ def test_the_checksum_compares_bit_patterns():
     assert checks._checksum(nan) == checks._checksum(nan.clone())
     assert checks._checksum(torch.ones(2, dtype=torch.bfloat16)) != checks._checksum(torch.ones(2))
     assert checks._checksum(torch.ones(2, requires_grad=True)) == checks._checksum(torch.ones(2))
+
+
+def test_the_checksum_of_a_lazy_view_is_that_of_its_values():
+    """Before: ``_checksum`` of ``x.conj()`` raised torch's "torch.Tensor.view is not
+    supported for conjugate view tensors when converting to a different dtype"."""
+    z = torch.tensor([1 + 2j, -0.0 - 3j])
+    assert checks._checksum(z.conj()) == checks._checksum(z.conj().resolve_conj())
+    assert checks._checksum(z.conj()) != checks._checksum(z)
+    n = torch.tensor([1.0, -0.0])
+    assert checks._checksum(torch._neg_view(n)) == checks._checksum(-n)
+
+
+def test_a_conjugate_view_of_a_dtensor_reads_back_and_passes_the_value_check(pools):
+    """``x.conj()`` of a complex DTensor: read back, gathered and resharded with its values;
+    passed again to ``host_to_global_array`` with the value check on, it failed inside torch
+    (the checksum viewed the lazy view's bytes)."""
+    for rank, r in enumerate(pools(2).run("conj_views")):
+        assert r["is_conj"] == (True, True)
+        expected = r["expected"]
+        assert torch.equal(r["back"], expected[2 * rank : 2 * rank + 2])
+        assert torch.equal(r["again"], expected[2 * rank : 2 * rank + 2])
+        assert torch.equal(r["full"], expected) and torch.equal(r["resharded"], expected)
+        assert not any(r[k].is_conj() for k in ("back", "again", "full", "resharded"))
 
 
 def test_processes_in_different_calls_with_alike_inputs_are_out_of_step(pools):

@@ -15,6 +15,7 @@ from data_helpers import FakeDispatcher, make_plan
 from helpers import xla_shards
 
 import torchshard as ts
+from torchshard._core.verdict import Verdict
 from torchshard.data._loader.checkpoint import stateful
 from torchshard.data._loader.exchanges import Exchanges
 from torchshard.data._loader.prefetch import LOCATED
@@ -52,15 +53,19 @@ DATA = ts.P("data")
 
 class FakeChecks:
     """The backend's process checks as a recorder: ``answers`` maps a call to every process's
-    outcomes (``None``: they agree)."""
+    outcomes (their ``Verdict``; none: they agree)."""
 
     def __init__(self, answers=None):
         self.calls, self.closed, self.answers = [], [], answers or {}
         self.outcomes = []  # begin_exchange's items (pipelined)
 
-    def exchange(self, mesh, items, *, what, channel=None, force=False):
+    def exchange(self, mesh, items, *, what, channel=None, force=False, counts=()):
         self.calls.append((channel, what, list(items)))
-        return self.answers.get(what)
+        return self._verdict(what, items)
+
+    def _verdict(self, what, items):
+        every = self.answers.get(what)
+        return Verdict.of([items]) if every is None else Verdict.of(every)
 
     def begin_exchange(self, mesh, items, *, what, channel=None):
         self.calls.append(("begin", what))
@@ -68,7 +73,7 @@ class FakeChecks:
 
         def end():
             self.calls.append(("end", what))
-            return self.answers.get(what)
+            return self._verdict(what, items)
 
         return end
 
@@ -272,7 +277,7 @@ def test_an_indivisible_batch_names_the_batch_index(mesh8):
     producer = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, first=2)
     with pytest.raises(
         ts.errors.IndivisibleError,
-        match=re.escape("GlobalBatchLoader: batch 2: host_arrays['x']: dim 0 has size 6"),
+        match=re.escape("GlobalBatchLoader: batch 2: batch['x']: dim 0 has size 6"),
     ):
         producer(0)
 

@@ -31,7 +31,7 @@ from torchshard._backend.xla.runtime import replace_get_global_mesh, topology, x
 from torchshard._core.context import current_mesh_of
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
-from torchshard._core.sharding import check_device_process
+from torchshard._core.sharding import DimAxes, check_device_process
 
 
 @functools.lru_cache(maxsize=256)
@@ -79,6 +79,13 @@ def _follow_threads() -> None:
     """Installs ``thread_global_mesh`` as torch_xla's ``get_global_mesh`` (once)."""
     if _GlobalMesh.original is None:
         _GlobalMesh.original = replace_get_global_mesh(thread_global_mesh)
+
+
+@functools.lru_cache(maxsize=4096)
+def op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
+    """The ``OpSharding`` of the per-dimension ``axes`` on ``mesh`` (cached)."""
+    spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
+    return to_xla_mesh(mesh).get_op_sharding(spec)
 
 
 class XlaMeshes:

@@ -161,7 +161,7 @@ class Epoch(Iterator[Any]):
         except BaseException:
             self.close()
             raise
-        settled = made.settled  # (stop, real rows per process), agreed by the producer
+        settled = made.settled  # (stop, real rows over the processes), agreed by the producer
         if settled is not None and settled[0]:  # every process stops here (drop or pad)
             self.close()
             self._stop(made.snapshot if plan.policy == "pad" else None)
@@ -192,7 +192,7 @@ class Epoch(Iterator[Any]):
             self._counters.add(batches=1, wait_seconds=now - t0, step_seconds=now - handed)
         self._handed = now
         self._taken += 1
-        rows = sum(settled[1]) if settled is not None else plan.processes * made.rows
+        rows = settled[1] if settled is not None else plan.processes * made.rows
         self._yielded += made.rows
         self._cursor.advance(made.snapshot, self._examples(rows))
         self._next += 1

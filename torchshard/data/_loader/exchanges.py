@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from torchshard._backend.protocols import ProcessChecks
 from torchshard._core.agreement import outcome_disagreement
 from torchshard._core.mesh import Mesh
+from torchshard._core.verdict import Verdict
 from torchshard.data._loader.prefetch import LOCATED
 
 
@@ -62,13 +63,15 @@ class Exchanges:
         self._finished = True
 
     def exchange(
-        self, items: Sequence[str], *, what: str, force: bool = False
-    ) -> list[list[str]] | None:
-        """Every process's ``items`` when they differ, ``None`` when they agree
-        (``ProcessChecks.exchange`` on this channel)."""
-        return self.checks.exchange(self.mesh, items, what=what, channel=self.channel, force=force)
+        self, items: Sequence[str], *, what: str, force: bool = False, counts: Sequence[int] = ()
+    ) -> Verdict | None:
+        """The processes' ``items`` compared and ``counts`` reduced (``ProcessChecks.exchange``
+        on this channel)."""
+        return self.checks.exchange(
+            self.mesh, items, what=what, channel=self.channel, force=force, counts=counts
+        )
 
-    def begin(self, items: Sequence[str], *, what: str) -> Callable[[], list[list[str]] | None]:
+    def begin(self, items: Sequence[str], *, what: str) -> Callable[[], Verdict | None]:
         """``exchange`` in two halves (``ProcessChecks.begin_exchange`` on this channel)."""
         return self.checks.begin_exchange(self.mesh, items, what=what, channel=self.channel)
 
@@ -86,16 +89,16 @@ class Exchanges:
 
 def judge(
     what: str,
-    every: Sequence[Sequence[str]] | None,
+    verdict: Verdict | None,
     paths: Callable[[int], str],
     error: BaseException | None,
 ) -> None:
-    """The verdict on a batch's outcomes (``every``: each process's, ``None`` when they
-    agree): raises their disagreement, or notes it on this process's own ``error`` (a failure
-    of the source or the check, which the caller raises)."""
-    if every is None:
+    """The verdict on a batch's outcomes (``None``: not compared): raises their disagreement,
+    or notes it on this process's own ``error`` (a failure of the source or the check, which
+    the caller raises)."""
+    if verdict is None or verdict.agreed:
         return
-    problem = outcome_disagreement(what, every, paths)
+    problem = outcome_disagreement(what, verdict.groups, paths)
     if error is not None:
         error.add_note(f"(the other processes' outcomes differ: {problem})")
         return

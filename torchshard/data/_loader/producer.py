@@ -40,6 +40,7 @@ from torchshard._core.errors import (
 from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tree import LazyPaths, flatten
+from torchshard._core.verdict import Verdict
 from torchshard._mesh.context import current_topology
 from torchshard._place.call import read
 from torchshard._place.place import to_global
@@ -55,10 +56,16 @@ from torchshard.data._loader.exchanges import Exchanges, judge
 from torchshard.data._loader.last_batch import (
     ENDED,
     ENDED_EMPTY,
+    LeafPath,
     Template,
+    batch_leaf,
+    ended_status,
     mask_partition,
     rows_status,
     settle,
+    specs_of,
+    status_counts,
+    status_items,
 )
 from torchshard.data._loader.plan import EpochPlan
 from torchshard.data._loader.prefetch import LOCATED  # the agreement's errors name their batch
@@ -79,7 +86,7 @@ class Made:
     compared: bool = False  # the processes agreed on this batch's outcome
     rows: int = 0  # the real examples of this process's sources in the batch
     nbytes: int = 0  # the host bytes transferred (the prefetch's byte budget counts them)
-    settled: tuple[bool, list[int]] | None = None
+    settled: tuple[bool, int] | None = None
     """``last_batch="drop"``/``"pad"`` on several processes: ``(stop, real rows per process)``,
     agreed by the processes' exchange of this batch's status (the same on every process)."""
 
@@ -91,7 +98,7 @@ class _Begun:
 
     n: int
     made: Made | None  # the batch; None: the end (``error is None``) or a failure
-    end: Callable[[], list[list[str]] | None]  # waits for the others' outcomes
+    end: Callable[[], Verdict | None]  # waits for the others' outcomes
     snapshot: list[Any] | None = None  # at the end: the sources' states
     error: Exception | None = None
     where: Callable[[int], str] | None = None  # the paths of the batch's leaves
@@ -115,6 +122,10 @@ class Tally:
 
 
 _END = object()
+
+
+# How errors name a part of a host's tree, per host (``global_batch_loader_per_host``).
+_PER_HOST = {"batch": "host_batches", "mask": "host_masks"}
 
 
 class Producer:
@@ -168,6 +179,9 @@ class Producer:
         self.ended = [False] * n
         self.pending: list[list[Any]] = [[] for _ in range(n)]
         self.echo_checked = [False] * n
+        # The leaf whose dim 0 counts a batch's examples, learnt from the first batch:
+        # (its index, its path in the errors, its keys), ``batch_leaf``.
+        self.leaf: tuple[int, str, LeafPath] | None = None
 
     def snapshot(self) -> list[Any] | None:
         """The sources' states now, deep copies (``None`` unless every source is stateful)."""
@@ -193,9 +207,10 @@ class Producer:
                         break
                     first.append(x)
                 host = h if self.plan.per_host else None
-                error = echo_error(first, workers, host=host, batch=n)
-                if error is not None:
-                    raise error
+                if not self.plan.equal_batches:
+                    error = echo_error(first, workers, host=host, batch=n)
+                    if error is not None:
+                        raise error
                 self.pending[h] = first[1:]
                 return first[0] if first else _END
         return next(it, _END)
@@ -222,12 +237,46 @@ class Producer:
             hosts.append(x)
         return hosts
 
-    def _template(self, h: int, x: Any) -> Template:
-        t = self.templates[h]
-        if t is None:
+    def _leaf(self, h: int, x: Any) -> tuple[int, str, LeafPath]:
+        """The leaf of host batch ``x`` that carries the batch dimension (``batch_leaf``),
+        learnt from the first batch (the later ones have its structure: ``BatchChecker``)."""
+        if self.leaf is None:
+            plan = self.plan
+            name = "batch" if not plan.per_host else f"host_batches[{h}]"
+            specs = None if plan.batch_leaf is not None else specs_of(plan.mesh, plan.spec, x)
+            try:
+                index, path = batch_leaf(x, named=plan.batch_leaf, specs=specs, name=name)
+            except ShardingError:
+                if plan.policy != "error" or plan.batch_leaf is not None:
+                    raise
+                self.leaf = (-1, "", ())  # no leaf has a dim 0: the batch counts no examples
+                return self.leaf
+            keys = tuple(flatten(x)[1].paths()[index])
+            self.leaf = (index, path, keys)
+        return self.leaf
+
+    def _rows(self, h: int, x: Any) -> int:
+        """Host batch ``x``'s examples: dim 0 of its leaf that carries the batch dimension."""
+        index = self._leaf(h, x)[0]
+        leaves, _ = flatten(x)
+        shape = getattr(leaves[index], "shape", None) if 0 <= index < len(leaves) else None
+        return int(shape[0]) if shape is not None and len(shape) else 0
+
+    def _templates(self, got: list[Any]) -> None:
+        """Every host's template, from its first batch (``got[h]``, ``None`` for a host whose
+        source is empty), all with one whole size: a source's ``batch_size``, else the largest
+        first batch (a host whose first batch is already its short last one is padded)."""
+        rows = [self._rows(h, x) for h, x in enumerate(got) if x is not None]
+        known = [f for f in self.full if f is not None]
+        whole = max(known + rows) if known or rows else None
+        index = self.leaf[0] if self.leaf is not None else None
+        for h, x in enumerate(got):
+            if x is None or self.templates[h] is not None:
+                continue
             name = "batch" if not self.plan.per_host else f"host_batches[{h}]"
-            t = self.templates[h] = Template(x, self.full[h], name=name)
-        return t
+            specs = specs_of(self.plan.mesh, self.plan.spec, x)
+            full = self.full[h] if self.full[h] is not None else whole
+            self.templates[h] = Template(x, full, name=name, index=index, specs=specs)
 
     def _pull_ends(self, n: int) -> tuple[list[Any], list[Any] | None, list[int], str]:
         """``last_batch="drop"``/``"pad"``: ``(batches, masks, real rows per host, status)``.
@@ -237,30 +286,37 @@ class Producer:
         the processes exchange). Pad: short batches padded, ended hosts padding only."""
         policy, exchange = self.plan.policy, self.plan.exchange
         got: list[Any] = []
-        rows: list[int] = []
         for h in range(len(self.its)):
             x = _END if self.ended[h] else self._next_of(h, n)
             if x is _END:
                 self.ended[h] = True
                 got.append(None)
+            else:
+                got.append(x)
+        if all(t is None for t in self.templates) and any(x is not None for x in got):
+            self._templates(got)
+        rows: list[int] = []
+        for h, x in enumerate(got):
+            if x is None:
                 rows.append(0)
                 continue
-            t = self._template(h, x)
+            t = self.templates[h]
+            assert t is not None
             short = t.short(x)
-            got.append(x)
             rows.append(t.rows if short is None else short)
             if short is not None and policy == "drop":
                 self.ended[h] = True
         self.tally.read += sum(rows)
+        known = next((t for t in self.templates if t is not None), None)
+        whole = None if known is None else sum((t or known).rows for t in self.templates)
         if policy == "drop":
             if all(x is not None and not self.ended[h] for h, x in enumerate(got)):
-                return got, None, rows, rows_status(sum(rows))
+                return got, None, rows, rows_status(sum(rows), whole)
             if not exchange:
                 raise StopIteration(self.snapshot())
             return [], None, rows, ENDED
         if all(self.ended) and not exchange:
             raise StopIteration(self.snapshot())
-        known = next((t for t in self.templates if t is not None), None)
         if known is None:  # no host had a batch yet: nothing to pad with
             if not exchange:
                 raise StopIteration(self.snapshot())
@@ -273,7 +329,7 @@ class Producer:
             else:
                 batches.append(x if rows[h] == t.rows else t.pad(x, rows[h]))
             masks.append(t.mask(rows[h]))
-        status = ENDED if all(self.ended) else rows_status(sum(rows))
+        status = ended_status(whole) if all(self.ended) else rows_status(sum(rows), whole)
         return batches, masks, rows, status
 
     # -- one batch ------------------------------------------------------------------------
@@ -293,7 +349,10 @@ class Producer:
             out, snapshot, host, rows, status, nbytes = self._make(n)
         except StopIteration as end:
             if exchanges is not None:
-                self._agree(exchanges, n, [ENDED] if self.plan.exchange else [END_OF_DATA])
+                if self.plan.exchange:
+                    self._agree(exchanges, n, [ENDED], counts=status_counts(ENDED))
+                else:
+                    self._agree(exchanges, n, [END_OF_DATA])
                 exchanges.agreed_end()
             raise StopIteration(EndOfData(end.value)) from None
         except Exception as e:
@@ -304,12 +363,13 @@ class Producer:
         ready = self._fence()
         if exchanges is None:
             return Made(out, snapshot, ready, rows=rows, nbytes=nbytes)
-        outcome = [status] if self.plan.exchange else []
+        outcome = status_items(status, host is not None) if self.plan.exchange else []
         where = None
         if host is not None and self.plan.agree:
             described, where = self._describe(n, host)
             outcome += described
-        settled = self._agree(exchanges, n, outcome, where=where)
+        counts = status_counts(status) if self.plan.exchange else []
+        settled = self._agree(exchanges, n, outcome, where=where, counts=counts)
         if settled is not None and settled[0]:  # the last exchange of the epoch
             self.stopped = True
             exchanges.agreed_end()
@@ -339,23 +399,25 @@ class Producer:
         *,
         error: BaseException | None = None,
         where: Callable[[int], str] | None = None,
-    ) -> tuple[bool, list[int]] | None:
+        counts: Sequence[int] = (),
+    ) -> tuple[bool, int] | None:
         """The agreement step on batch ``n``'s outcome (an exchange on the epoch's channel):
         raises ``ProcessDisagreementError`` on every process whose outcome is a batch or the
         end when the outcomes differ; a process whose outcome is ``error`` gets a note on it
         instead (its caller re-raises it). With the plan's ``exchange`` (``last_batch="drop"``/
-        ``"pad"`` on several processes) it returns ``(stop, real rows per process)``: every
-        process stops, or goes on, at the same batch."""
+        ``"pad"`` on several processes) it returns ``(stop, real rows over the processes)``:
+        every process stops, or goes on, at the same batch (``counts``: this process's
+        ``status_counts``)."""
         what = f"GlobalBatchLoader: batch {n}"
         paths = where or (lambda i: f"GlobalBatchLoader: batch {n}: leaf {i}")
         exchange = self.plan.exchange
         try:
-            every = exchanges.exchange(outcome, what=what, force=exchange)
+            verdict = exchanges.exchange(outcome, what=what, force=exchange, counts=counts)
             if exchange:
                 try:
                     return settle(
                         self.plan.policy,
-                        every if every is not None else [outcome] * self.plan.processes,
+                        verdict if verdict is not None else Verdict.alone(outcome, counts),
                         what=what,
                         where=paths,
                     )
@@ -367,7 +429,7 @@ class Producer:
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        judge(what, every, paths, error)
+        judge(what, verdict, paths, error)
         return None
 
     def _make(self, n: int) -> tuple[Any, list[Any] | None, Any, int, str, int]:
@@ -376,7 +438,7 @@ class Producer:
         status = ""
         if plan.policy == "error":
             hosts = self._pull(n)
-            rows = sum(_rows(b) for b in hosts)
+            rows = sum(self._rows(h, b) for h, b in enumerate(hosts))
         else:
             hosts, masks, per, status = self._pull_ends(n)
             rows = sum(per)
@@ -385,7 +447,16 @@ class Producer:
             return None, snapshot, None, rows, status, 0
         per_host = len(hosts) > 1
         for h, b in enumerate(hosts):
-            self.check(b, batch=n, host=h if per_host else None)
+            try:
+                self.check(b, batch=n, host=h if per_host else None)
+            except ShardingError as e:
+                if plan.policy != "error" and self.leaf is not None:
+                    e.add_note(
+                        f"(last_batch={plan.policy!r} counts a batch's rows on "
+                        f"{self.leaf[1]}, the leaf that carries the batch dimension; if "
+                        "another leaf does, name it: GlobalBatchLoader(..., batch_leaf=...))"
+                    )
+                raise
         if self.dispatchers is not None:
             hosts = [
                 d.logical_to_physical_batch(b) for d, b in zip(self.dispatchers, hosts, strict=True)
@@ -414,16 +485,17 @@ class Producer:
                 out = self._to_global(hosts, plan.spec)
             else:
                 if self.mask_spec is None:
-                    self.mask_spec = mask_partition(plan.mesh, plan.spec, hosts[0])
+                    keys = self.leaf[2] if self.leaf is not None else None
+                    self.mask_spec = mask_partition(plan.mesh, plan.spec, hosts[0], keys)
                 # FULL (the default) checks the batch dim over the whole tree: its own call
                 if plan.spec is DEFAULT_PARTITION or isinstance(plan.spec, DataPartitionType):
                     out = (
                         self._to_global(hosts, plan.spec),
-                        self._to_global(masks, self.mask_spec),
+                        self._to_global(masks, self.mask_spec, ("mask",)),
                     )
                 else:  # one engine call for the batch and its mask (two cost a 1 MiB step ~20 %)
                     pairs = [(b, m) for b, m in zip(hosts, masks, strict=True)]
-                    out = self._to_global(pairs, (plan.spec, self.mask_spec))
+                    out = self._to_global(pairs, (plan.spec, self.mask_spec), ("batch", "mask"))
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
@@ -436,11 +508,21 @@ class Producer:
         self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
         return out, snapshot, hosts[0], rows, status, nbytes
 
-    def _to_global(self, hosts: list[Any], spec: Any) -> Any:
-        """``host_to_global_array`` of the hosts' batches, without the agreement step."""
+    def _to_global(self, hosts: list[Any], spec: Any, parts: tuple[str, ...] = ("batch",)) -> Any:
+        """``host_to_global_array`` of the hosts' batches, without the agreement step; errors
+        name the leaves as the batch's (``batch['x']``, ``host_batches[1]['x']``; ``parts``:
+        the names of what each host's tree holds, a tuple of them when there are several)."""
         plan = self.plan
         topology = current_topology(plan.mesh)
-        call = read(hosts, topology, spec, per_host=plan.per_host)
+        names = tuple(_PER_HOST[p] for p in parts) if plan.per_host else parts
+        call = read(
+            hosts,
+            topology,
+            spec,
+            per_host=plan.per_host,
+            name=names[0],
+            parts=names if len(names) > 1 else None,
+        )
         return to_global(plan.mesh, plan.backend, topology, call, background=plan.background)
 
 
@@ -504,7 +586,7 @@ class PipelinedProducer(Producer):
             setattr(e, LOCATED, True)
             failed = e
 
-            def end() -> list[list[str]] | None:
+            def end() -> Verdict | None:
                 raise failed
 
         return _Begun(n, made, end, snapshot, error, where)
@@ -514,11 +596,11 @@ class PipelinedProducer(Producer):
         ``_agree`` does (the end of the sources: ``StopIteration``)."""
         what = f"GlobalBatchLoader: batch {begun.n}"
         try:
-            every = begun.end()
+            verdict = begun.end()
         except (ProcessDisagreementError, CollectiveError) as e:  # out of step, timeout, early end
             setattr(e, LOCATED, True)
             raise
-        judge(what, every, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
+        judge(what, verdict, begun.where or (lambda i: f"{what}: leaf {i}"), begun.error)
         if begun.error is not None:
             raise begun.error
         if begun.made is None:  # the end of every process's sources
@@ -539,10 +621,3 @@ def producer_for(
     ``Producer``."""
     kind = PipelinedProducer if plan.pipeline else Producer
     return kind(plan, its, sources, dispatchers, counters, exchanges)
-
-
-def _rows(tree: Any) -> int:
-    """A host batch's examples: dim 0 of its first leaf (0 when it has none)."""
-    leaves, _ = flatten(tree)
-    shape = getattr(leaves[0], "shape", None) if leaves else None
-    return int(shape[0]) if shape is not None and len(shape) else 0
