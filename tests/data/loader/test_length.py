@@ -183,7 +183,7 @@ def test_len_of_per_host_lists_takes_the_largest_first_batch_as_whole(mesh8):
             assert len(loader) == sum(1 for _ in loader) == steps, policy
 
 
-def test_len_refused_says_why():
+def test_len_refused_says_why(mesh8):
     with pytest.raises(
         TypeError,
         match=re.escape(
