@@ -78,7 +78,7 @@ def place(
         placers = bound.placers
         for i, x in enumerate(call.leaves[0]):
             if type(x) is not torch.Tensor:
-                x = as_host_tensor(x, call.paths[0][i])
+                x = as_host_tensor(x, call.paths[0].at(i))
             out.append(placers[i](x))
         return call.treespecs[0].unflatten(out)
     if hosts is None:  # a cached plan: the key says these leaves need no checks
