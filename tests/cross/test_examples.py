@@ -31,7 +31,7 @@ def test_uneven_batch_prints_the_logical_ids():
     out = run("uneven_batch.py")
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout == (
-        "logical batch 4 per host -> physical 8, sharded P(('data',),)\n"
+        "logical batch 4 per host -> physical 8, sharded P('data',)\n"
         "step 0: physical rows 8, logical ids [0, 1, 2, 3], loss 36\n"
         "step 1: physical rows 8, logical ids [4, 5, 6, 7], loss 132\n"
         "step 2: physical rows 8, logical ids [8, 9, 10, 11], loss 228\n"
