@@ -641,9 +641,9 @@ _NEXT = "state_dict['process_0']['next_batch']: expected "
             lambda saved: {**saved, "common": {"loader": "GlobalBatchLoader"}},
             ValueError,
             (
-                "state_dict['common']: expected the keys ['consumed', 'epoch', 'hosts', "
-                "'loader', 'num_examples', 'processes', 'seed', 'shards', 'shuffle'], but got "
-                "['loader']."
+                "state_dict['common']: expected the keys ['consumed', 'elastic', 'epoch', "
+                "'hosts', 'loader', 'num_examples', 'processes', 'seed', 'shards', 'shuffle'], "
+                "but got ['loader']."
             ),
         ),
         (

@@ -66,6 +66,7 @@ def test_the_dataloading_mesh_is_torchtitans_layout():
     assert np.array_equal(mesh.devices, np.arange(8).reshape(1, 4, 1, 2))
 
 
+@needs_titan  # dataloader() reads torchtitan's loader before its arguments
 def test_arguments():
     with pytest.raises(
         TypeError,

@@ -134,6 +134,8 @@ def given_global_shape(
     as in JAX, each host passes its own, so hosts may pass blocks of different shapes (plan
     each group with its hosts' devices, ``plan_from_local``)."""
     check_device_process(mesh, device_process)
+    if processes is not None and not processes:  # no device planned (specs): every host
+        processes = None
     if len(global_shape) != len(local_shape):
         raise ShardingError(
             f"global_shape {global_shape} has {len(global_shape)} dimensions, but the host "
