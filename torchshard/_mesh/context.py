@@ -79,6 +79,9 @@ def exit(mesh: Mesh) -> None:
             entries.remove(entry)
         if meshes.process_wide:
             meshes.make_current(entries[-1].mesh if entries else None)
+    if not meshes.process_wide:  # a runtime mesh per thread (JAX's): this context's outer one
+        outer = [e.mesh for e in _MINE.get() if e.mesh.backend == mesh.backend]
+        meshes.make_current(outer[-1] if outer else None)
 
 
 def current_topology(mesh: Mesh | None = None, *, backend: str | None = None) -> Topology:
