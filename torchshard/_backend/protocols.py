@@ -72,6 +72,12 @@ class AgreementCall(Protocol):
         """Leaf ``i``'s path (for the error)."""
         ...
 
+    @property
+    def leaves(self) -> Sequence[Sequence[Any]]:
+        """Each host's flat leaves, as passed (a backend whose runtime cannot hold some values
+        compares them too: torchax's 64-bit integers without ``jax_enable_x64``)."""
+        ...
+
 
 class Placement(Protocol):
     """The devices of a run, and global tensors made from host blocks."""

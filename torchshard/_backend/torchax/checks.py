@@ -11,13 +11,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from torchshard._backend.protocols import AgreementCall
 from torchshard._backend.torchax import collective
 from torchshard._backend.torchax.runtime import (
+    X64_FIX,
     array_of,
     fetch,
     is_torchax_tensor,
+    x64,
 )
 from torchshard._core.agreement import (
     agreement_check_enabled,
@@ -164,6 +167,61 @@ def check_values(tree: Any, argname: str, what: str) -> None:
     )
 
 
+_BEYOND = ", a value beyond "
+
+
+def beyond_32_bits(leaves: Sequence[Any], items: list[str]) -> list[int] | None:
+    """While ``jax_enable_x64`` is off, marks in ``items`` (a call's description: its structure,
+    then one line per leaf) each 64-bit integer leaf holding a value that does not fit in 32
+    bits, so that the processes compare it: one process's value would fail its placement
+    alone. The leaves marked (``None``: no 64-bit integer leaf to look at)."""
+    if x64():
+        return None
+    found: list[int] | None = None
+    for i, leaf in enumerate(leaves):
+        dtype = getattr(leaf, "dtype", None)
+        if dtype not in (torch.int64, np.int64):
+            continue
+        found = [] if found is None else found
+        values = leaf.numpy() if isinstance(leaf, torch.Tensor) else np.asarray(leaf)
+        if values.size:
+            lo, hi = values.min(), values.max()
+            info = np.iinfo(np.int32)
+            if lo < info.min or hi > info.max:
+                bad = int(lo if lo < info.min else hi)
+                items[1 + i] += f"{_BEYOND}int32 ({bad})"
+                found.append(i)
+    return found
+
+
+def beyond_32_bits_error(
+    what: str, groups: Sequence[Group], path: Callable[[int], str]
+) -> ProcessDisagreementError | None:
+    """The error of processes whose only difference is a 64-bit value beyond 32 bits."""
+    lines = [g.items for g in groups]
+    if len({len(items) for items in lines}) != 1:
+        return None
+    for i in range(1, len(lines[0])):
+        seen = [items[i] for items in lines]
+        if len(set(seen)) == 1:
+            continue
+        if len({s.partition(_BEYOND)[0] for s in seen}) != 1:
+            return None  # the shapes or dtypes differ too: the general error
+        wide = [(s.partition(_BEYOND)[2], g.ranks) for s, g in zip(seen, groups, strict=True)]
+        named = "; ".join(f"{v} on {ranks_text(r)}" for v, r in wide if v)
+        return ProcessDisagreementError(
+            at(
+                path(i - 1),
+                f"{what}: a 64-bit integer leaf holds a value beyond {named}, but JAX holds no "
+                "64-bit integers while jax_enable_x64 is off (its default): torchshard places "
+                "such a leaf as int32 only when every process's values fit (JAX itself would "
+                f"wrap them silently). Turn 64-bit values on: {X64_FIX}; or keep the values "
+                "within int32 on the host.",
+            )
+        )
+    return None
+
+
 def _nothing() -> None:
     return None
 
@@ -185,11 +243,17 @@ class TorchaxChecks:
     def agree_begin(self, mesh: Mesh, call: AgreementCall, *, what: str) -> Callable[[], None]:
         if not self.compares(mesh):
             return _nothing
-        end = collective.begin(what, with_mesh(call.describe(), mesh))
+        items = with_mesh(call.describe(), mesh)
+        marked = beyond_32_bits(call.leaves[0], items)
+        end = collective.begin(what, items)
 
         def agree_end() -> None:
             verdict = in_step(what, end())
             if not verdict.agreed:
+                if marked is not None:
+                    wide = beyond_32_bits_error(what, verdict.groups, call.path)
+                    if wide is not None:
+                        raise wide
                 raise disagreement(what, verdict.groups, call.path)
 
         return agree_end
