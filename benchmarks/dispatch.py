@@ -9,9 +9,12 @@ step (timed from tracing through ``torch_xla.sync()`` to ``wait_device_ops()``, 
 
 - ``einsum``: axlearn's ``einsum("p...,pl->l...", x, onehot)`` with the one-hot ``[P, L]`` key.
 - ``index_select``: ``InputDispatcher.physical_to_logical_batch`` with its row-target key
-  ``[P]`` int64 (one scatter of ``P`` row numbers, then ``index_select``).
-- ``index_select(onehot)``: the same with the one-hot key (an ``argmax`` over it first), which
-  is what ``dispatch_input_batch`` does with axlearn's key.
+  ``[P]`` int64 (the name is the route's first one; since issue 32 each device adds the rows it
+  holds into a zero ``[L, W]`` buffer at their targets, as integers, and one reduce-scatter
+  leaves each device its rows).
+- ``index_select(onehot)``: the same with the one-hot key (an ``argmax`` over it first, then a
+  gather of the rows as integers: a masked gather and an all-reduce), which is what
+  ``dispatch_input_batch`` does with axlearn's key.
 
 Every output is constrained to ``P("data")``. Also reported: the bytes of the dispatch tensor
 each method moves to the devices per step.

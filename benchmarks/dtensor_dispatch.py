@@ -85,7 +85,7 @@ def _worker() -> None:
                 return d.physical_to_logical_batch(g)["x"].to_local()
 
             def theirs(g: Any = g, logical: int = logical) -> Any:
-                index = row_targets_to_indices(backend.step.full_local(g[key]), logical, "", False)
+                index = row_targets_to_indices(backend.step.full_local(g[key]), logical)
                 index = DTensor.from_local(index, mesh.native, [Replicate()], run_check=False)
                 out = torch.index_select(g["x"], 0, index)
                 return ts.maybe_shard(out, ts.P("data")).to_local()

@@ -14,14 +14,14 @@ and its connections (opened and accepted); for the store its requests per exchan
 server's CPU time per exchange (the parent's).
 
 **The model.** This machine has 2 cores for N processes, so past a few ranks the samples measure
-the CPU share, not the protocol. On a pod every process has its own core, and an exchange is
-``2 x depth`` one-way hops (up, then down): ``T(N) = depth(N) x (RTT + 2 h) + (fanout - 1) x
-depth(N) x m``, with ``h`` the CPU time of one hop (a frame sent, the I/O thread woken, parsed,
-merged, forwarded) and ``m`` that of one more child's frame at a node. ``h`` and ``m`` are fitted
-from the runs at N = 2 (one hop each way) and N = 1 + fanout (one level, ``fanout`` children),
-where the 2 cores are not the limit; the loopback RTT is measured by a ping-pong in the same
-run. The store's model: ``(4N + 1) x s`` at the server, ``s`` its CPU per request here, plus a
-round trip. Figures past 512 are the model's, labelled so.
+the CPU share (every process's CPU over 2 cores), not the protocol. On a pod every process has
+its own core, and an exchange's time is its critical path: the deepest process's value goes up
+to the root and the result comes down, through its host's leader and one leader per host level
+(``depth`` links, a network round trip ``RTT`` per host link, a loopback one to the leader),
+each leader spending the CPU of one level of ``k`` children (``level_cpu(k)``, measured here on
+one thread: the children's frames read, parsed and merged, the result encoded and sent to each).
+The store's model: ``(4N + 1)`` requests through its server's one thread at the CPU per request
+measured here, plus a round trip. Figures past 512 processes are the model's, labelled so.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 NAME = "exchange"
@@ -52,6 +52,8 @@ WARMUP = 5
 MODEL_SIZES = (2048, 8192, 16384)
 MODEL_RTT = 100e-6  # seconds: a pod's network round trip, the issue's figure
 LOCAL = 8  # processes per host in the model (one per GPU, TorchTPU's per chip)
+FANOUT = 8  # the tree's (torchshard._backend.exchange.session.FANOUT)
+FANOUTS = (4, 8, 16)  # the shapes the model compares
 TIMEOUT = 120.0
 
 
@@ -77,9 +79,12 @@ def _worker(
         return dist.TCPStore("127.0.0.1", port, world, False, timedelta(seconds=TIMEOUT))
 
     samples: dict[int, list[float]] = {}
-    counts: dict[int, tuple[int, int, int]] = {}
+    counts: dict[int, tuple[int, int, int, float]] = {}
     errors: list[str] = []
     prefix = f"{transport}/{world}/"
+    # the process's CPU time over the measured rounds only (after every local rank's warm-up)
+    warm = threading.Barrier(hi - lo + 1)
+    done = threading.Barrier(hi - lo + 1)
 
     def rank_main(rank: int) -> None:
         try:
@@ -116,32 +121,38 @@ def _worker(
             for i in range(WARMUP):
                 once(i)
             held = s.node.connections if transport == "tree" else 1  # all joined, none gone
+            sent0, received0 = (s.node.sent, s.node.received) if transport == "tree" else (0, 0)
+            warm.wait()
             mine = []
             for i in range(rounds):
                 t0 = time.perf_counter()
                 once(WARMUP + i)
                 mine.append(time.perf_counter() - t0)
+            done.wait()
             samples[rank] = mine
             if transport == "tree":
                 node = s.node
-                counts[rank] = (node.sent, node.received, held)
+                counts[rank] = (node.sent - sent0, node.received - received0, held, 0.0)
                 s.close()
             else:
-                counts[rank] = (ex.requests, 0, 1)
+                counts[rank] = (ex.requests * rounds // (rounds + WARMUP), 0, 1, 0.0)
         except Exception as e:  # noqa: BLE001 -- reported to the parent
             errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(lo, hi)]
-    cpu0 = time.process_time()
     for t in threads:
         t.start()
+    warm.wait()
+    cpu0 = time.process_time()
+    done.wait()
+    cpu1 = time.process_time()
     for t in threads:
         t.join()
     return {
         "samples": {str(k): v for k, v in samples.items()},
         "counts": {str(k): v for k, v in counts.items()},
         "errors": errors,
-        "cpu": time.process_time() - cpu0,
+        "cpu": cpu1 - cpu0,
     }
 
 
@@ -198,13 +209,14 @@ def measure(transport: str, world: int, rounds: int = ROUNDS, fanout: int = 8) -
     out = {
         "median": statistics.median(samples) * 1e3,
         "p99": samples[min(len(samples) - 1, int(0.99 * len(samples)))] * 1e3,
-        "cpu per exchange": sum(r["cpu"] for r in results) / total * 1e3,
+        # CPU of every process over the measured rounds, per exchange and per process
+        "cpu per process": sum(r["cpu"] for r in results) / rounds / world * 1e3,
     }
     if transport == "tree":
-        out["messages (busiest)"] = max(s + r for s, r, _ in counts) / total
-        out["connections (most)"] = max(c for _, _, c in counts)
+        out["messages (busiest)"] = max(s + r for s, r, _, _ in counts) / rounds
+        out["connections (most)"] = max(c for _, _, c, _ in counts)
     else:
-        out["requests"] = sum(s for s, _, _ in counts) / total
+        out["requests"] = sum(s for s, _, _, _ in counts) / rounds
         server_cpu = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
         out["server cpu per exchange"] = server_cpu / total * 1e3
     del server
@@ -240,6 +252,56 @@ def loopback_rtt(rounds: int = 2000) -> float:
     return statistics.median(out)
 
 
+def level_cpu(children: int, rounds: int = 2000) -> float:
+    """The CPU time one node spends per exchange for a level of ``children`` (seconds): each
+    child's value read from its socket, parsed and merged, the result encoded and sent to each
+    child, on one thread (no wake-ups: the wire and the scheduler are the model's RTT)."""
+    from torchshard._backend.exchange import merge
+    from torchshard._backend.exchange.node import Node, _Conn
+    from torchshard._backend.exchange.tree import TreeShape
+    from torchshard._backend.exchange.wire import encode
+
+    node = Node(
+        TreeShape(0, children + 1, fanout=max(2, children)),
+        timeout=TIMEOUT,
+        publish=lambda address: None,
+        lookup=lambda rank, wait: "",
+    )
+    pairs = [socket.socketpair() for _ in range(children)]
+    conns = []
+    for c, (mine, theirs) in enumerate(pairs, start=1):
+        conn = _Conn(mine, c)
+        node._conns[c] = conn
+        conns.append((conn, theirs))
+    what = "GlobalBatchLoader: batch 12"
+    frames = [
+        encode(["U", "main.loader1", 0, 0, merge.agree_value(what, "123456789", [4, 0, 0], c)])
+        for c in range(1, children + 1)
+    ]
+    t0 = time.thread_time()
+    for i in range(rounds):
+        pending = node.begin(
+            ("main.loader1", i, 0), merge.agree_value(what, "123456789", [4, 0, 0], 0)
+        )
+        for (conn, theirs), frame in zip(conns, frames, strict=True):
+            theirs.sendall(
+                frame.replace(b"\x00\x00\x00\x00", i.to_bytes(4, "big"), 1) if False else frame
+            )
+            data = conn.sock.recv(1 << 16)
+            for message in conn.reader.feed(data):
+                message[2] = i
+                node._handle(conn, message)
+        pending.wait(1.0)
+        for _, theirs in conns:
+            theirs.recv(1 << 16)  # drain what was sent down
+    spent = time.thread_time() - t0
+    node.close()
+    for mine, theirs in pairs:
+        mine.close()
+        theirs.close()
+    return spent / rounds
+
+
 # -- the model -------------------------------------------------------------------------------
 
 
@@ -249,56 +311,75 @@ def depth(world: int, fanout: int, local: int) -> int:
     return tree_depth(world, fanout, local if world % local == 0 else 1)
 
 
-def fit(t2: float, tk: float, rtt: float, fanout: int) -> tuple[float, float]:
-    """``(h, m)`` from the medians at N = 2 (``t2``) and N = 1 + fanout (``tk``), seconds."""
-    h = max(0.0, (t2 - rtt) / 2)
-    m = max(0.0, (tk - t2) / (fanout - 1))
-    return h, m
+def model(
+    world: int, cpu: Callable[[int], float], rtt: float, loop: float, fanout: int, local: int
+) -> float:
+    """The tree's time per exchange on a pod of ``world`` processes, ``local`` per host (one
+    core each), seconds: the deepest process's value goes up and the result down through every
+    leader on its path (the host's, then one per host level: ``depth`` links), each of which
+    spends ``cpu(k)`` on a level of ``k`` children (its host's other processes and its child
+    hosts' leaders); a host link costs a network round trip ``rtt`` (half each way), the link
+    to the leader a loopback one (``loop``, which also stands for a thread's wake-up)."""
+    local = local if world % local == 0 else 1
+    hosts = depth(world, fanout, 1 if local == 1 else local) - (1 if local > 1 else 0)
+    k = (local - 1) + min(fanout, max(1, world // local - 1))
+    return (loop if local > 1 else 0.0) + hosts * rtt + (hosts + 1) * (cpu(k) + loop)
 
 
-def model(world: int, h: float, m: float, rtt: float, fanout: int, local: int = LOCAL) -> float:
-    """The exchange's time on a pod of ``world`` processes (``local`` per host), seconds."""
-    d = depth(world, fanout, local)
-    return d * (rtt + 2 * h) + (fanout - 1) * d * m
+def store_model(world: int, per_request: float, rtt: float) -> float:
+    """The store exchange on ``world`` processes: 4N + 1 requests through one server thread
+    (``per_request`` seconds of its CPU each), plus a round trip."""
+    return (4 * world + 1) * per_request + rtt
 
 
 def run(report: Any) -> None:
-    """Both transports at each size, the loopback RTT, the fit and the model."""
+    """Both transports at each size, the loopback RTT, one level's CPU per children count, and
+    the model for pods (labelled)."""
     sizes = QUICK_SIZES if report.quick else SIZES
     rounds = QUICK_ROUNDS if report.quick else ROUNDS
-    fanout = 8
     rtt = loopback_rtt(300 if report.quick else 2000)
     report.figure(NAME, "loopback", "round trip", rtt * 1e3, "ms")
-    medians: dict[int, float] = {}
+    per_request = []
     for n in sizes:
         for transport in ("tree", "store"):
             report.progress(f"{NAME} {transport} {n} processes")
-            got = measure(transport, n, rounds, fanout)
-            if transport == "tree":
-                medians[n] = got["median"] / 1e3
+            got = measure(transport, n, rounds, FANOUT)
+            if transport == "store":
+                per_request.append(got["server cpu per exchange"] / got["requests"] / 1e3)
             for key, value in got.items():
                 unit = "ms" if key in ("median", "p99") or "cpu" in key else "per exchange"
                 if key.startswith("connections"):
                     unit = "connections"
                 report.figure(NAME, f"{n} processes", f"{transport}: {key}", value, unit)
-    if 2 in medians and 1 + fanout in medians:
-        h, m = fit(medians[2], medians[1 + fanout], rtt, fanout)
-        report.figure(NAME, "fit", "h (one hop's CPU)", h * 1e3, "ms")
-        report.figure(NAME, "fit", "m (one more child's frame)", m * 1e3, "ms")
-        for n in MODEL_SIZES:
-            t = model(n, h, m, MODEL_RTT, fanout)
-            report.figure(NAME, f"{n} processes (model)", "tree: per exchange", t * 1e3, "ms")
-            report.figure(
-                NAME,
-                f"{n} processes (model)",
-                "tree: messages (busiest)",
-                2 * (fanout + LOCAL - 1 + 1),
-                "per exchange",
-            )
+    counts = (1, 4, 8) if report.quick else (1, 2, 4, 8, 11, 15, 23, 39)
+    cpus = {k: level_cpu(k, 300 if report.quick else 2000) for k in counts}
+    for k, value in cpus.items():
+        report.figure(NAME, "one level", f"CPU for {k} children", value * 1e3, "ms")
+
+    def cpu(k: int) -> float:  # linear between the measured counts
+        ks = sorted(cpus)
+        lo = max([c for c in ks if c <= k], default=ks[0])
+        hi = min([c for c in ks if c >= k], default=ks[-1])
+        if lo == hi:
+            return cpus[lo] if k == lo else cpus[lo] * k / lo
+        return cpus[lo] + (cpus[hi] - cpus[lo]) * (k - lo) / (hi - lo)
+
+    s = max(per_request) if per_request else 10e-6
+    for n in MODEL_SIZES:
+        case = f"{n} processes (model)"
+        for fanout in FANOUTS:
+            t = model(n, cpu, MODEL_RTT, rtt, fanout, LOCAL)
+            report.figure(NAME, case, f"tree, fanout {fanout}: per exchange", t * 1e3, "ms")
+        busiest = 2 * (LOCAL - 1 + FANOUT)
+        report.figure(
+            NAME, case, f"tree, fanout {FANOUT}: messages (busiest)", busiest, "per exchange"
+        )
+        report.figure(NAME, case, "store: per exchange", store_model(n, s, MODEL_RTT) * 1e3, "ms")
     report.notes.append(
-        f"{NAME}: loopback, ranks as threads in OS processes (<= 16), fanout {fanout}; the model "
-        f"(labelled): {LOCAL} processes per host, {MODEL_RTT * 1e6:.0f} us round trips, h and m "
-        "fitted at N = 2 and 1 + fanout"
+        f"{NAME}: loopback, ranks as threads in OS processes (<= 16); the model (labelled): "
+        f"{LOCAL} processes per host, {MODEL_RTT * 1e6:.0f} us round trips, one core per "
+        "process, each level's CPU measured here (one level), the store's server CPU per request "
+        "measured here"
     )
 
 

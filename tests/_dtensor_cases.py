@@ -354,6 +354,58 @@ def partial_readback() -> dict[str, Any]:
         }
 
 
+def uneven_readback() -> dict[str, Any]:
+    """One row split over every rank (rank 0 holds it, the others nothing), read back with
+    ``replicate_to_local_data`` on every rank: rank 0's block is the whole value, yet it gathers
+    with the others (it used to return its block, and the others waited for it)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    ts = _ts()
+    world = dist.get_world_size()
+    mesh = _mesh(np.arange(world), ("data",))
+    g = global_value((1, 3), "float32")
+    with mesh:
+        x = DTensor.from_local(g, mesh.native, [Replicate()]).redistribute(mesh.native, [Shard(0)])
+        return {
+            "held": x.to_local().shape[0],
+            "full": ts.replicate_to_local_data({"x": x})["x"],
+            "expected": g,
+        }
+
+
+def conj_views() -> dict[str, Any]:
+    """``x.conj()`` of a complex DTensor (a lazy conjugate view, on every rank's block): read
+    back, gathered, resharded, and passed again to ``host_to_global_array`` with the value
+    check on (its checksum viewed the view's bytes as uint8: a RuntimeError from torch)."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = _mesh(np.arange(world), ("data",))
+    g = torch.complex(
+        global_value((2 * world, 3), "float32"), global_value((2 * world, 3), "float32", 1)
+    )
+    old = ts.set_value_check(True)
+    try:
+        with mesh:
+            x = ts.host_to_global_array(
+                {"x": g[2 * rank : 2 * rank + 2].clone()}, partition=ts.P("data")
+            )
+            c = x["x"].conj()
+            again = ts.host_to_global_array({"x": c}, partition=ts.P("data"))
+            return {
+                "is_conj": (c.is_conj(), c.to_local().is_conj()),
+                "back": ts.global_to_host_array(c),
+                "full": ts.replicate_to_local_data(c),
+                "resharded": ts.replicate_to_local_data(ts.with_sharding_constraint(c, ts.P())),
+                "again": ts.global_to_host_array(again)["x"],
+                "expected": g.conj().resolve_conj(),
+            }
+    finally:
+        ts.set_value_check(old)
+
+
 def dispatch_primitives(index_spec: str, key: str) -> dict[str, Any]:
     """The in-step dispatch of the dispatch issue, as its primitives on DTensors.
 

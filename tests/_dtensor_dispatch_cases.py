@@ -490,3 +490,56 @@ def take_rows_layouts() -> dict[str, Any]:
     (backend.step.take_rows(x, index) ** 2).sum().full_tensor().backward()
     out["grad"] = leaf.grad.clone()
     return out
+
+
+# -- dispatch moves bits, plans once ----------------------------------------------------------
+
+
+def _planner_misses() -> dict[str, int]:
+    """Cache misses of what plans a DTensor step: torch's redistribute planner
+    (``_gen_transform_infos``, keyed by source and target specs) and sharding propagator, and
+    torchshard's placements. Flat over repeated calls: nothing is planned again."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+
+    from torchshard._backend.dtensor.backend import placements
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    return {
+        "redistribute": _gen_transform_infos.cache_info().misses,
+        "propagation": propagator.propagate_op_sharding.cache_info().misses,
+        "placements": placements.cache_info().misses,
+    }
+
+
+def dispatch_bits(logical: int, calls: int = 3) -> dict[str, Any]:
+    """Rank ``r`` is physical feed ``r`` of an ``InputDispatcher`` of ``logical`` rows over
+    ``4 * world`` physical rows (never the identity); the global logical batch has one leaf per
+    float dtype, of values a float sum would change (``bit_patterns.odd_values``), and each rank
+    supplies its feed's shard. The step dispatches ``calls`` times; returned: the planners'
+    cache misses after each call, each leaf's placements and its whole value's bits (read back
+    with ``replicate_to_local_data``)."""
+    import torch.distributed as dist
+    from bit_patterns import FLOATS, bits, odd_values
+
+    ts = _ts()
+    world = dist.get_world_size()
+    table = {str(dt): odd_values(dt, 3 * logical).reshape(logical, 3) for dt in FLOATS}
+    d = ts.InputDispatcher(logical, global_physical_batch_size=4 * world)
+    assert not d.is_identity
+    fl = d.feed_logical_batch_size
+    start = d.feed_read_config()["shard_index"] * fl
+    mine = {k: v[start : start + fl] for k, v in table.items()}
+    misses = []
+    with _mesh(np.arange(world), ("data",)):
+        g = ts.host_to_global_array(d.logical_to_physical_batch(mine), partition=d.partition_spec)
+        for _ in range(calls):
+            out = d.physical_to_logical_batch(g)
+            misses.append(_planner_misses())
+        full = ts.replicate_to_local_data(out)
+    return {
+        "misses": misses,
+        "placements": {k: placement_names(v.placements) for k, v in out.items()},
+        "bits": {k: bits(v) for k, v in full.items()},
+        "dtypes": {k: str(v.dtype) for k, v in full.items()},
+    }

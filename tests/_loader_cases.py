@@ -258,14 +258,14 @@ def stream_state(n: int = 40) -> dict[str, Any]:
 
 class Shards(IterableDataset):
     """A webdataset-style stream: ``shards`` files of ``per`` examples; each copy reads the
-    shards ``stream_shard()`` gives it (or every shard, unsplit)."""
+    shards ``stream_shard(partition)`` gives it (or every shard, unsplit)."""
 
-    def __init__(self, shards: int, per: int, split: bool) -> None:
-        self.shards, self.per, self.split = shards, per, split
+    def __init__(self, shards: int, per: int, split: bool, partition: Any = None) -> None:
+        self.shards, self.per, self.split, self.partition = shards, per, split, partition
 
     def __iter__(self) -> Any:
         ts = _ts()
-        index, count = ts.stream_shard() if self.split else (0, 1)
+        index, count = ts.stream_shard(self.partition) if self.split else (0, 1)
         for s in range(index, self.shards, count):
             for j in range(self.per):
                 i = s * self.per + j
@@ -293,3 +293,43 @@ def stream_workers(split: bool, workers: int = 2) -> dict[str, Any]:
             error = f"{type(e).__name__}: {e}"
         after = tuple(ts.host_to_global_array(torch.zeros(1, 2)).shape)
     return {"got": got, "error": error, "shard": shard, "after": after}
+
+
+# -- len() and the size of a whole batch across processes -------------------------------------
+
+
+def loader_lengths(sizes: list[int], batch: int = 4) -> dict[str, Any]:
+    """``len(loader)`` and the batches the loop yields under each ``last_batch`` policy, over
+    DataLoaders of ``sizes[rank]`` examples (with the agreement check on, and off for "pad");
+    then list sources whose first batch is short on rank 1 only, under "pad"."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = Rows(sizes[rank])
+    out: dict[str, Any] = {}
+
+    def attempt(f: Any) -> Any:
+        try:
+            return f()
+        except Exception as e:  # noqa: BLE001 -- the message is the result
+            return f"{type(e).__name__}: {e}"
+
+    with _mesh(world):
+        for policy, check in (("pad", True), ("pad", False), ("drop", True), ("error", True)):
+            old = ts.set_agreement_check(check)
+            try:
+                loader = ts.GlobalBatchLoader(DataLoader(data, batch_size=batch), last_batch=policy)
+                out[f"{policy} {check}"] = (
+                    attempt(lambda: len(loader)),  # noqa: B023 -- called at once
+                    attempt(lambda: len(list(loader))),  # noqa: B023
+                )
+            finally:
+                ts.set_agreement_check(old)
+        full = {"id": np.arange(batch, dtype=np.int64), "x": np.zeros((batch, 2), np.float32)}
+        short = {"id": np.arange(2, dtype=np.int64), "x": np.zeros((2, 2), np.float32)}
+        source = [short] if rank == 1 else [full, full]
+        loader = ts.GlobalBatchLoader(source, last_batch="pad")
+        out["lists"] = attempt(lambda: len(list(loader)))
+        out["after"] = tuple(ts.host_to_global_array(torch.zeros(1, 2)).shape)
+    return out

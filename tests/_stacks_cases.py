@@ -448,10 +448,14 @@ def tp_training(
 # -- integrations ---------------------------------------------------------------------------
 
 
-def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str, Any]:
+def torchtitan_loader(
+    tp: int, batches: int = 4, per_rank: int = 2, path: str | None = None
+) -> dict[str, Any]:
     """torchshard.integrations.torchtitan.dataloader over a per-dp-rank StatefulDataLoader of
     ``(input_dict, labels)`` batches, the mesh from ``ParallelDims(tp=tp)``; then a fresh
-    loader resumed from the state after two batches."""
+    loader resumed from the state after two batches, and (``path``) one resumed through
+    torch.distributed.checkpoint, as torchtitan's checkpointer saves it (one value per key:
+    a dp rank's tp peers share its entry)."""
     import torch.distributed as dist
     from torchdata.stateful_dataloader import StatefulDataLoader
     from torchtitan.components.dataloader import BaseDataLoader
@@ -502,6 +506,20 @@ def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str,
     resumed = dataloader(source(dp_rank), parallel_dims=dims)
     resumed.load_state_dict(state)
     rest = list(resumed)
+    through_dcp = None
+    if path is not None:
+        import torch.distributed.checkpoint as dcp
+
+        saving = dataloader(source(dp_rank), parallel_dims=dims)
+        it = iter(saving)
+        next(it), next(it)
+        dcp.save({"dataloader": saving}, checkpoint_id=path)
+        saving.loader.close()
+        loaded = dataloader(source(dp_rank), parallel_dims=dims)
+        dcp.load({"dataloader": loaded}, checkpoint_id=path)
+        through_dcp = [b[0]["input"].tolist() for b in loaded] == [
+            o[0]["input"].tolist() for o in own[2:]
+        ]
     return {
         "is_base": isinstance(loader, BaseDataLoader),
         "dp": (loader.dp_rank, loader.dp_world_size),
@@ -516,6 +534,7 @@ def torchtitan_loader(tp: int, batches: int = 4, per_rank: int = 2) -> dict[str,
         and all(
             torch.equal(a[0]["input"], o[0]["input"]) for a, o in zip(rest, own[2:], strict=True)
         ),
+        "through_dcp": through_dcp,
         "mesh": dict(loader.loader._mesh.shape) if loader.loader._mesh is not None else None,
         "parallel_dims": type(dims).__name__,
     }

@@ -21,6 +21,9 @@ from torchshard._core.agreement import set_agreement_check as set_agreement_chec
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
 from torchshard._core.context_parallel import (
+    context_parallel_order as context_parallel_order,
+)
+from torchshard._core.context_parallel import (
     context_parallel_positions as context_parallel_positions,
 )
 from torchshard._core.context_parallel import head_tail_order as head_tail_order
@@ -101,6 +104,7 @@ __all__ = [
     "TensorSpec",
     "call_stream",
     "complete_partition_spec_tree",
+    "context_parallel_order",
     "context_parallel_positions",
     "create_device_mesh",
     "current_mesh",

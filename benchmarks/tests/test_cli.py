@@ -84,6 +84,7 @@ def test_the_lab_runs_the_wheel_s_benches_and_its_own():
         "ends",
         "epoch_check",
         "plan_scale",
+        "exchange",
     }
     assert all(BENCHES[n] == f"benchmarks.{n}" for n in benchmarks.OWN)
     assert wheel.NEEDS_NO_XLA <= benchmarks.NEEDS_NO_XLA <= set(BENCHES)

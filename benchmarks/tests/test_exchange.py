@@ -14,10 +14,16 @@ def test_the_registry_and_the_model():
     assert BENCHES["exchange"] == "benchmarks.exchange"
     assert exchange.NAME in NEEDS_NO_XLA
     assert exchange.depth(8192, 8, 8) == 5 and exchange.depth(2, 8, 8) == 1
-    h, m = exchange.fit(t2=300e-6, tk=1000e-6, rtt=20e-6, fanout=8)
-    assert h == pytest.approx(140e-6) and m == pytest.approx(100e-6)
-    t = exchange.model(8192, h, m, 100e-6, 8)
-    assert t == pytest.approx(5 * (100e-6 + 280e-6) + 7 * 5 * 100e-6)
+
+    def cpu(k):
+        return 10e-6 * k
+
+    # 8192 = 1024 hosts of 8: the leader's host, then 4 host levels (fanout 8); 15 children each
+    t = exchange.model(8192, cpu, 100e-6, 20e-6, 8, 8)
+    assert t == pytest.approx(20e-6 + 4 * 100e-6 + 5 * (150e-6 + 20e-6))
+    assert exchange.model(2, cpu, 100e-6, 20e-6, 8, 1) == pytest.approx(100e-6 + 2 * 30e-6)
+    assert exchange.store_model(512, 10e-6, 100e-6) == pytest.approx(2049 * 10e-6 + 100e-6)
+    assert exchange.level_cpu(3, rounds=50) > 0
 
 
 @pytest.mark.parametrize("world", [2, 9])
@@ -40,7 +46,8 @@ def test_the_quick_run_reports_the_fit_and_the_model(quick):
     exchange.run(report)
     cases = {(f.case, f.method) for f in report.figures}
     assert ("loopback", "round trip") in cases
-    assert ("fit", "h (one hop's CPU)") in cases
+    assert ("one level", "CPU for 8 children") in cases
     for n in exchange.MODEL_SIZES:
-        assert (f"{n} processes (model)", "tree: per exchange") in cases
+        assert (f"{n} processes (model)", "tree, fanout 8: per exchange") in cases
+        assert (f"{n} processes (model)", "store: per exchange") in cases
     assert report.notes[0].startswith("exchange: loopback")

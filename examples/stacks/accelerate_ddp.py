@@ -7,7 +7,8 @@ DataLoader over the whole dataset, which accelerate shards) and by a
 ``torchshard.integrations.accelerate.prepare`` (the block between the markers is the one in
 docs/stacks.md). Both shuffle with the same seed, so every step trains on the same 4 examples
 and the second epoch has a new order. The inner DataLoader is refused, as accelerate would
-shard it again.
+shard it again, and so is a stream split per process by ``stream_shard``, which accelerate
+would read as a whole one.
 """
 
 import gc
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, DataLoaderConfiguration
 from torch.distributed.device_mesh import init_device_mesh
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import torchshard as ts
 from torchshard.integrations.accelerate import prepare
@@ -34,6 +35,17 @@ class Examples(Dataset):
 
     def __getitem__(self, i):
         return {"x": self.x[i], "y": self.y[i], "i": i}
+
+
+class Halves(IterableDataset):
+    """A stream split per process by ``torchshard.stream_shard`` (each reads its own half)."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def __iter__(self):
+        index, count = ts.stream_shard(mesh=self.mesh)
+        yield from ({"i": i} for i in range(index, 16, count))
 
 
 def mlp():
@@ -81,6 +93,12 @@ def fed_by_torchshard(accelerator, data):
         raise AssertionError("prepare took a DataLoader already on host_sampler")
     except ValueError as e:
         assert "is a DataLoader that already reads shard" in str(e), e
+    try:  # so is a stream: accelerate would hand process 0's half of a split stream to both
+        prepare(accelerator, DataLoader(Halves(mesh), batch_size=2))
+        raise AssertionError("prepare took a stream split by stream_shard")
+    except ValueError as e:
+        world = dist.get_world_size()
+        assert f"is a DataLoader over a stream (Halves, an IterableDataset) on {world}" in str(e)
     with loader:
         return train(accelerator, model, opt, loader)
 

@@ -67,7 +67,8 @@ def test_shape_returns_a_tuple_of_ints(value, expected):
             TypeError,
             (
                 "host_specs['x']: every size of a shape must be an int, but dim 1 of (8, 2.5) is "
-                "2.5 of type float; sizes count elements (nothing is rounded)."
+                "2.5 of type float (sizes count elements: nothing is rounded); pass one int per "
+                "dimension."
             ),
         ),
         (
@@ -75,7 +76,7 @@ def test_shape_returns_a_tuple_of_ints(value, expected):
             TypeError,
             (
                 "host_specs['x']: every size of a shape must be an int, but dim 0 of (True, 2) is "
-                "True of type bool; sizes count elements (nothing is rounded)."
+                "True of type bool (a bool is not a size); pass (1, 2) if that is the shape meant."
             ),
         ),
         (

@@ -78,6 +78,13 @@ def test_paths_are_code():
     assert lazy[4] == "t['x'][0]"
 
 
+def test_paths_of_a_tuple_of_named_parts():
+    """The loader places a batch and its mask as one tuple: each part is named on its own."""
+    _, spec = flatten(({"x": 1, "y": [2]}, {"x": 3}))
+    assert paths(spec, "ignored", ("batch", "mask")) == ["batch['x']", "batch['y'][0]", "mask['x']"]
+    assert LazyPaths(spec, "ignored", ("b", "m"))[2] == "m['x']"
+
+
 def test_broadcast_prefix():
     full = {"a": [1, 2], "b": {"c": 3, "d": None}, "e": Node(4, 5)}
     got = broadcast_prefix(

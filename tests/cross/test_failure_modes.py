@@ -135,7 +135,7 @@ def test_per_host_loader_refuses_disagreeing_replicas(mesh8):
     batches = [[{"w": np.zeros(2)}], [{"w": np.ones(2)}]]
     with virtual_hosts(2):
         loader = global_batch_loader_per_host(batches, partition=P(), prefetch=0)
-        with pytest.raises(ts.ShardingError, match=re.escape("per_host_arrays[1]['w']: hosts 0")):
+        with pytest.raises(ts.ShardingError, match=re.escape("host_batches[1]['w']: hosts 0")):
             next(iter(loader))
 
 
@@ -166,13 +166,14 @@ def test_the_default_check_runs_once_per_dispatcher(mesh8, monkeypatch):
     from torchshard._step import input_dispatcher as _input_dispatcher
 
     seen = []
-    real = _input_dispatcher.row_targets_to_indices
+    real = _input_dispatcher.check_row_targets
 
-    def spy(targets, logical, where, check):
-        seen.append(check)
-        return real(targets, logical, where, check)
+    def spy(targets, logical, where):
+        seen.append(len(calls))
+        return real(targets, logical, where)
 
-    monkeypatch.setattr(_input_dispatcher, "row_targets_to_indices", spy)
+    calls = []
+    monkeypatch.setattr(_input_dispatcher, "check_row_targets", spy)
     with virtual_hosts(2):
         feeds = [ts.InputDispatcher(4, physical_feed_index=h) for h in range(2)]
         batches = [
@@ -182,8 +183,9 @@ def test_the_default_check_runs_once_per_dispatcher(mesh8, monkeypatch):
         for _ in range(3):
             out = ts.replicate_to_local_data(feeds[0].physical_to_logical_batch(g))
             assert out["x"].tolist() == [0, 1, 10, 11]
+            calls.append(None)
         feeds[0].physical_to_logical_batch(g, check=True)
-    assert seen == [True, False, False, True]
+    assert seen == [0, 3]  # the first call checks, then only the one that asks
 
 
 # -- SpmdInputDispatcher: batches of another size ---------------------------------------------
@@ -243,7 +245,8 @@ class ShapeDtype:
             TypeError,
             (
                 "host_specs['x']: every size of a shape must be an int, but dim 1 of (8, 2.5) is "
-                "2.5 of type float; sizes count elements (nothing is rounded)."
+                "2.5 of type float (sizes count elements: nothing is rounded); pass one int per "
+                "dimension."
             ),
         ),
         (
@@ -294,7 +297,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 1 of (8, 2.5) is 2.5 of "
-                "type float; sizes count elements (nothing is rounded)."
+                "type float (sizes count elements: nothing is rounded); pass one int per dimension."
             ),
         ),
         (
@@ -302,7 +305,7 @@ def test_host_to_global_specs_checks_shapes_and_dtypes(mesh8, leaf, error, messa
             TypeError,
             (
                 "TensorSpec: every size of a shape must be an int, but dim 0 of (True,) is True of "
-                "type bool; sizes count elements (nothing is rounded)."
+                "type bool (a bool is not a size); pass (1,) if that is the shape meant."
             ),
         ),
         (
@@ -639,7 +642,8 @@ _NEXT = "state_dict['process_0']['next_batch']: expected "
             ValueError,
             (
                 "state_dict['common']: expected the keys ['consumed', 'epoch', 'hosts', "
-                "'loader', 'num_examples', 'processes', 'seed', 'shuffle'], but got ['loader']."
+                "'loader', 'num_examples', 'processes', 'seed', 'shards', 'shuffle'], but got "
+                "['loader']."
             ),
         ),
         (

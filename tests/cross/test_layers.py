@@ -179,13 +179,16 @@ def _third_party(module: str) -> set[str]:
 
 def test_the_data_feeders_import_nothing_of_the_loaders_wing():
     """``torchshard.data``'s feeders work alone, before or inside a ``DataLoader``
-    (``host_sampler``, ``stream_shard``, ``sharded_collate``): the loader's wing
+    (``host_sampler``, ``stream_shard``, ``sharded_collate``, ``Packer``,
+    ``context_parallel_rows``): the loader's wing
     (``data/_loader/``) imports them, never the other way."""
     feeders = sorted(
         m for m in MODULES if m.startswith("torchshard.data._") and ".data._loader" not in m
     )
     assert feeders == [
         "torchshard.data._collate",
+        "torchshard.data._cp_rows",
+        "torchshard.data._packer",
         "torchshard.data._sampler",
         "torchshard.data._stream_shard",
     ]
@@ -286,6 +289,7 @@ def test_torch_xla_private_api_is_reached_only_by_its_backend():
     assert users == [
         "torchshard._backend.xla.backend",
         "torchshard._backend.xla.env",
+        "torchshard._backend.xla.rows",
         "torchshard._backend.xla.runtime",
         "torchshard._tools.bench.h2g",
     ]
@@ -390,7 +394,10 @@ def test_the_wheel_s_benches_import_only_public_modules():
     benches = {
         m for m in MODULES if m.startswith(BENCH + ".") and not m.rpartition(".")[2].startswith("_")
     }
-    assert benches == {f"{BENCH}.{n}" for n in ("h2g", "overhead", "dtensor", "h2d", "loader")}
+    assert benches == {
+        f"{BENCH}.{n}"
+        for n in ("h2g", "overhead", "dtensor", "h2d", "loader", "packing", "cp_balance")
+    }
     allowed = PUBLIC_MODULES | FRAMEWORK | benches | {BENCH}
     private = [
         f"{m}:{line} imports {t}"

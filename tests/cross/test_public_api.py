@@ -34,7 +34,7 @@ SURFACE = {
         "GlobalBatchLoader", "host_sampler", "sharded_collate", "stream_shard",
         "feed_read_config", "feed_slices",
         # context parallel on the host
-        "head_tail_order", "context_parallel_positions",
+        "head_tail_order", "context_parallel_order", "context_parallel_positions",
         # checks across processes
         "set_agreement_check", "set_value_check", "call_stream",
         # errors: the base here, every type in torchshard.errors
@@ -46,7 +46,7 @@ SURFACE = {
     ],
     "torchshard.data": [
         "GlobalBatchLoader", "HostSampler", "LoaderStats", "host_sampler", "sharded_collate",
-        "stream_shard",
+        "stream_shard", "Packer", "context_parallel_rows",
     ],
     "torchshard.testing": [
         "assert_global_equal", "assert_sharded", "global_batch_loader_per_host",

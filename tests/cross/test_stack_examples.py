@@ -12,6 +12,7 @@ docs/stacks.md shows each script's essential part: the text between the script's
 ``# --- docs/stacks.md: NAME`` and ``# --- end``, dedented, is the block after the marker
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
+``<!-- example:stacks-context-parallel-packed -->``,
 ``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->`` and
 Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
 """
@@ -51,6 +52,26 @@ class Example:
         return self.script.removesuffix(".py").replace("_", "-")
 
 
+# The packed rows' line: torch's own balancers are the oracle where torch has them (>= 2.13).
+try:
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (  # noqa: F401
+        _PTRRLoadBalancer,
+    )
+
+    _HAS_BALANCERS = True
+except ImportError:  # torch 2.9
+    _HAS_BALANCERS = False
+PACKED = (
+    "context_parallel: packed rows of 64, per_document and ptrr: every rank's tokens, segment "
+    "ids and positions equal "
+    + (
+        "torch's balancers' shard"
+        if _HAS_BALANCERS
+        else "the reference's shard (rows indexed by context_parallel_order)"
+    )
+    + ", and no query sees a key of another document"
+)
+
 EXAMPLES = [
     Example(
         "fsdp2_ddp.py",
@@ -74,7 +95,14 @@ EXAMPLES = [
         2,
         (("torch.distributed.tensor.experimental", "context_parallel"),),
         "context_parallel: 2 processes on (dp=1, cp=2), 16 tokens: every rank's tokens, labels "
-        "and positions equal torch's context_parallel shard",
+        "and positions equal torch's context_parallel shard\n" + PACKED,
+    ),
+    Example(
+        "context_parallel.py",
+        4,
+        (("torch.distributed.tensor.experimental", "context_parallel"),),
+        "context_parallel: 4 processes on (dp=2, cp=2), 16 tokens: every rank's tokens, labels "
+        "and positions equal torch's context_parallel shard\n" + PACKED,
     ),
     Example(
         "torchtitan_dp.py",
@@ -93,9 +121,10 @@ EXAMPLES = [
         stack="accelerate",
     ),
 ]
-IDS = [e.name for e in EXAMPLES]
+IDS = [e.name if e.processes == 2 else f"{e.name}-{e.processes}" for e in EXAMPLES]
 # (script, NAME) of every script docs/stacks.md shows a part of.
-SHOWN = [(e.script, e.name) for e in EXAMPLES] + [("lightning_ddp.py", "lightning-ddp")]
+SHOWN = list(dict.fromkeys((e.script, e.name) for e in EXAMPLES))
+SHOWN += [("lightning_ddp.py", "lightning-ddp"), ("context_parallel.py", "context-parallel-packed")]
 
 
 def shown_block(name: str) -> str:
@@ -181,4 +210,4 @@ def test_the_example_runs_under_torchrun(tmp_path, example):
     # Rank 0's line, once (torch 2.9's gloo prints its own "[Gloo] Rank ..." lines too).
     stem = example.script.removesuffix(".py")
     lines = [line for line in out.stdout.splitlines() if line.startswith(f"{stem}:")]
-    assert lines == [example.summary], out.stdout + out.stderr[-3000:]
+    assert lines == example.summary.splitlines(), out.stdout + out.stderr[-3000:]

@@ -95,6 +95,38 @@ def test_a_stream_split_with_stream_shard_yields_every_example_once(mesh8, prefe
     assert sorted(seen) == list(range(32))
 
 
+def test_forkserver_workers_read_their_own_loaders_record(mesh8):
+    """forkserver workers inherit the server's environment, taken when it started (for an
+    earlier loader). 2 virtual hosts x 2 workers: every one of the 96 examples once (the
+    server's record gave 48 twice and 48 never); then a loader on another mesh, whose stream
+    splits by P("dp"), which the first mesh lacks."""
+    from _loader_cases import Shards
+
+    from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+
+    def source(partition=None, workers=2):
+        stream = Shards(24 if partition is None else 8, 4, split=True, partition=partition)
+        return DataLoader(
+            stream, batch_size=4, num_workers=workers, multiprocessing_context="forkserver"
+        )
+
+    with virtual_hosts(2):
+        loader = global_batch_loader_per_host([source(), source()], last_batch="pad")
+        seen = []
+        for b, mask in loader:
+            seen += ts.replicate_to_local_data(b["id"])[ts.replicate_to_local_data(mask)].tolist()
+    assert sorted(seen) == list(range(96))
+    with ts.Mesh(np.arange(8).reshape(4, 2), ("dp", "tp")):
+        other = ts.GlobalBatchLoader(source(ts.P("dp"), workers=1), partition=ts.P("dp"))
+        seen = [i for b in other for i in ts.replicate_to_local_data(b["id"]).tolist()]
+    assert sorted(seen) == list(range(32))
+    kept = DataLoader(Shards(8, 4, split=True), num_workers=2, worker_init_fn=print)
+    with _stream_shard.workers_recorded(kept):
+        assert isinstance(kept.worker_init_fn, _stream_shard.WorkerInit)
+        assert kept.worker_init_fn.inner is print  # the source's own runs after
+    assert kept.worker_init_fn is print  # and is put back
+
+
 # -- gloo processes ---------------------------------------------------------------------------
 
 

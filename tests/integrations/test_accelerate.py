@@ -51,6 +51,32 @@ def test_a_dataloader_on_a_host_sampler_is_refused(accelerator):
     assert prepare(accelerator, whole) is not None
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """A stream split per process with ``stream_shard`` (each process reads its own half)."""
+
+    def __iter__(self):
+        index, count = ts.stream_shard()
+        yield from (torch.tensor([i]) for i in range(index, 8, count))
+
+
+def test_a_stream_on_several_processes_is_refused(accelerator, monkeypatch):
+    """accelerate would read process 0's half and hand it to both (or keep every 2nd batch of
+    each half): refused on 2 processes (the 2-process run: examples/stacks/accelerate_ddp.py);
+    on one process nothing is split."""
+    stream = DataLoader(Stream(), batch_size=2)
+    assert prepare(accelerator, stream) is not None
+    monkeypatch.setattr(type(accelerator), "num_processes", property(lambda self: 2))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "prepare: objects[0] is a DataLoader over a stream (Stream, an IterableDataset) on 2 "
+            "processes; accelerate would have process 0 read it and hand its batches to every "
+            "process (dispatch_batches, its default for streams)"
+        ),
+    ):
+        prepare(accelerator, stream)
+
+
 def test_not_an_accelerator():
     with pytest.raises(
         TypeError, match=re.escape("prepare: expected an accelerate.Accelerator, but got str.")

@@ -1,7 +1,8 @@
 """torchtitan (torchshard.integrations.torchtitan), on gloo processes (2 ranks: dp 2; 4 ranks:
 dp 2 x tp 2): ``dataloader(source, parallel_dims=...)`` is a torchtitan ``BaseDataLoader`` on
 the data-loading mesh of ``ParallelDims``, yields local tensors equal to the stock per-rank
-feed, keys its state by dp rank (as torchtitan's own loader) and resumes exactly. Skips
+feed, keys its state by dp rank (as torchtitan's own loader) and resumes exactly, also through
+torch.distributed.checkpoint on dp 2 x tp 2 (the tp peers share their dp rank's entry). Skips
 without torchtitan."""
 
 import importlib.util
@@ -20,11 +21,15 @@ from torchshard.integrations.torchtitan import dataloader, dataloading_mesh
 
 
 @pytest.mark.parametrize(("world", "tp"), [(2, 1), (4, 2)])
-def test_the_loader_is_torchtitans_and_feeds_the_stock_rows(pools, world, tp):
-    results = pools(world).run("_stacks_cases:torchtitan_loader", tp=tp)
+def test_the_loader_is_torchtitans_and_feeds_the_stock_rows(pools, tmp_path, world, tp):
+    """On dp 2 x tp 2 the checkpoint keeps one value per dp rank, process 0's or 1's: the tp
+    peer resumes from its peer's entry (it read the same examples)."""
+    path = str(tmp_path / "dcp") if tp > 1 else None
+    results = pools(world).run("_stacks_cases:torchtitan_loader", tp=tp, path=path)
     for rank, r in enumerate(results):
         dp_rank = rank // tp
         assert r["is_base"] and r["plain"] and r["equal_own"] and r["resumed_equal"], r
+        assert r["through_dcp"] is (True if path else None), r
         assert r["dp"] == r["expected_dp"] == (dp_rank, world // tp)
         assert r["state_keys"] == [f"dp_rank_{dp_rank}", "world_size"]
         assert r["mesh"] == {"pp": 1, "batch": world // tp, "cp": 1, "tp": tp}

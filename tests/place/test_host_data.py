@@ -231,3 +231,71 @@ def test_resolved_views_are_placed_with_their_values(mesh8):
         back = ts.global_to_host_array(g)
     assert torch.equal(back["c"], torch.conj_physical(z))
     assert torch.equal(back["n"], -n)
+
+
+# -- tensors kept from inside a torch.func transform ------------------------------------------
+
+
+def _kept_from(transform):
+    """The tensor a function saw inside ``transform``, kept past its end (a user's list)."""
+    kept = []
+
+    def f(x):
+        kept.append(x)
+        return (x * x).sum()
+
+    x = torch.arange(32.0).reshape(8, 4)
+    if transform == "vmap":
+        torch.func.vmap(f)(torch.stack([x] * 2))
+    elif transform == "grad":
+        torch.func.grad(f)(x)
+    elif transform == "jvp":
+        torch.func.jvp(f, (x,), (torch.ones_like(x),))
+    else:  # grad inside vmap: a grad wrapper around a batched tensor
+        torch.func.vmap(torch.func.grad(f))(torch.stack([x] * 2))
+    return kept[-1]
+
+
+VMAPPED = (
+    "host_arrays['x']: expected a host tensor, but got a tensor batched by torch.func.vmap and "
+    "kept from inside the vmapped function (there of shape (8, 4), its batch dimension taken "
+    "off): it has no memory of its own, and outside the transform torch cannot read its "
+    "values. Return it from the vmapped function (vmap stacks what the function returns into a "
+    "plain tensor) and pass that, or pass the tensor vmap was given."
+)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad-in-vmap"])
+def test_a_tensor_kept_from_inside_vmap_is_refused(transform, mesh8):
+    """Before: ``NotImplementedError: Cannot access storage of BatchedTensorImpl`` (or of
+    ``TensorWrapper``) from the leaf checks, naming nothing."""
+    import torchshard as ts
+
+    leaf = _kept_from(transform)
+    with mesh8:
+        with pytest.raises(TypeError, match=re.escape(VMAPPED)):
+            ts.host_to_global_array({"x": leaf}, partition=ts.P("data"))
+        with pytest.raises(
+            TypeError, match=re.escape(VMAPPED.replace("host_arrays", "host_specs"))
+        ):
+            ts.host_to_global_specs({"x": leaf}, partition=ts.P("data"))
+        loader = ts.GlobalBatchLoader([{"x": leaf}], partition=ts.P("data"))
+        with pytest.raises(TypeError, match=re.escape(VMAPPED.replace("host_arrays", "batch"))):
+            next(iter(loader))
+        loader.close()
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_a_tensor_kept_from_inside_grad_is_placed_with_its_values(transform, mesh8):
+    """Once ``grad``/``jvp`` has returned, the wrapper it left reads as its values (torch
+    itself reads it so): placed like any tensor. Before: ``NotImplementedError: Cannot
+    access storage of TensorWrapper``."""
+    import torchshard as ts
+
+    leaf = _kept_from(transform)
+    want = torch.arange(32.0).reshape(8, 4)
+    with mesh8:
+        g = ts.host_to_global_array({"x": leaf}, partition=ts.P("data"))
+        assert torch.equal(ts.global_to_host_array(g)["x"], want)
+        (batch,) = ts.GlobalBatchLoader([{"x": leaf}], partition=ts.P("data"))
+        assert torch.equal(ts.global_to_host_array(batch)["x"], want)

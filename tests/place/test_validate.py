@@ -100,6 +100,65 @@ def test_global_shapes_one_shape_or_a_prefix_tree():
         validate.global_shapes({"a": (-1,), "b": None}, tree, 3, "host_arrays", paths)
 
 
+@pytest.mark.parametrize(
+    ("given", "where", "found"),
+    [
+        (
+            (True, 2),
+            "global_shape",
+            (
+                "dim 0 of (True, 2) is True of type bool (a bool is not a size); pass (1, 2) if "
+                "that is the shape meant."
+            ),
+        ),
+        (
+            (8, 2.0),
+            "global_shape",
+            (
+                "dim 1 of (8, 2.0) is 2.0 of type float (sizes count elements: nothing is "
+                "rounded); pass (8, 2) if that is the shape meant."
+            ),
+        ),
+        (
+            (8, "2"),
+            "global_shape",
+            (
+                "dim 1 of (8, '2') is '2' of type str (sizes count elements: nothing is "
+                "converted); pass one int per dimension."
+            ),
+        ),
+        (
+            [8, None],
+            "global_shape",
+            (
+                "dim 1 of (8, None) is None of type NoneType (sizes count elements: nothing is "
+                "converted); pass one int per dimension."
+            ),
+        ),
+        (
+            {"x": (8, 2.5), "y": None},
+            "host_arrays['x']: global_shape",
+            (
+                "dim 1 of (8, 2.5) is 2.5 of type float (sizes count elements: nothing is "
+                "rounded); pass one int per dimension."
+            ),
+        ),
+    ],
+    ids=["bool", "float", "str", "None", "in-a-tree"],
+)
+def test_a_bad_size_in_global_shape_is_named(mesh8, given, where, found):
+    """Before: a shape with a bool, float, str or None entry was not recognised as a shape, so
+    it was taken for a subtree: a ``TreeStructureError`` ("global_shape must be a tree prefix
+    of host_arrays, but it is not"), naming neither the entry nor the fix."""
+    data = {"x": np.zeros((8, 2), np.float32), "y": np.zeros(8, np.int64)}
+    message = f"{where}: every size of a shape must be an int, but {found}"
+    with mesh8, pytest.raises(TypeError, match=re.escape(message)):
+        ts.host_to_global_array(data, partition=ts.P("data"), global_shape=given)
+    specs = message.replace("host_arrays", "host_specs")
+    with mesh8, pytest.raises(TypeError, match=re.escape(specs)):
+        ts.host_to_global_specs(data, partition=ts.P("data"), global_shape=given)
+
+
 def test_every_host_needs_the_first_hosts_structure():
     trees = [{"x": np.zeros(2)}] * 3 + [{"y": np.zeros(2)}]
     call = read(trees, FOUR, ts.P(), per_host=True)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 pytest.importorskip("torch_xla", reason="XLA tests; needs torch_xla (the extra xla)")
+from bit_patterns import FLOATS, bits, differing, odd_values
 from sharding_oracle import assert_sharded_as
 
 import torchshard as ts
@@ -488,81 +489,153 @@ def test_permuted_logical_feeds_are_not_the_identity(mesh8):
     assert ts.replicate_to_local_data(out)["v"].tolist() == list(range(8))
 
 
-# -- dispatch moves bits: -0.0 and NaN payloads survive --
-
-_BITS = {
-    torch.float16: (torch.int16, [-0x8000, 0x7C01, 0x7E5A, -0x0201]),
-    torch.bfloat16: (torch.int16, [-0x8000, 0x7F81, 0x7FC5, -0x003F]),
-    torch.float32: (torch.int32, [-0x80000000, 0x7FC00001, 0x7F800ABC, -0x003FFFFF]),
-    torch.float64: (torch.int64, [-(2**63), 0x7FF8000000000001, 0x7FF0000000ABCDEF, -1]),
-}
+# -- dispatch moves bits, compiles once -----------------------------------------------------
 
 
-def _odd_floats(dtype, n):
-    """``n`` values of ``dtype`` with -0.0 and NaNs of several payloads (and signs)."""
-    ints, raw = _BITS[dtype]
-    return torch.tensor((raw * n)[:n], dtype=ints).view(dtype)
+def _odd_batch(logical):
+    """One leaf per float dtype, [logical, 3], of values a float sum would change."""
+    return {str(dt): odd_values(dt, 3 * logical).reshape(logical, 3) for dt in FLOATS}
 
 
-def _bits(t):
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    return t.contiguous().view(_BITS[t.dtype][0])
+def _physical(d, batch, key):
+    """The global physical batch of a one-feed dispatcher; ``key="one-hot"``: axlearn's one-hot
+    [P, L] matrix in place of the row targets."""
+    phys = d.logical_to_physical_batch(batch)
+    if key == "one-hot":
+        targets = phys[KEY].numpy()
+        onehot = np.zeros((targets.shape[0], d.global_logical_batch_size), bool)
+        onehot[np.flatnonzero(targets >= 0), targets[targets >= 0]] = True
+        phys[KEY] = onehot
+    return ts.host_to_global_array(phys, partition=d.partition_spec)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64], ids=str)
-def test_take_rows_is_bit_exact_on_torch_xla(mesh8, dtype):
-    """torch_xla gathers the rows with a masked local gather and an all-reduce: in floating
-    point that turned -0.0 into 0.0 and rewrote NaN payloads. The rows now travel as integers
-    of the same width. (float16 and bfloat16 keep -0.0, but XLA's CPU devices quiet their
-    NaN payloads on the way: pinned below.)"""
-    from torchshard._backend.registry import lookup
+@pytest.mark.parametrize("key", ["row targets", "one-hot"])
+@pytest.mark.parametrize("logical", [8, 4, 1])
+def test_dispatch_moves_bits_on_torch_xla(mesh8, logical, key):
+    """-0.0, NaN payloads (quiet and signalling, either sign) and subnormals of every float
+    dtype arrive as they left, for 8, 4 and 1 logical rows of 16 physical rows on 8 devices.
+    The rows move as integers of their width (one XLA BitcastConvert each way, traced into
+    the step); 4 and 1 rows, which 8 devices cannot split evenly, are asked for replicated
+    (torch_xla 2.9 replicated them anyway, through a reshard that added floats: -0.0 became
+    0.0, signalling NaNs were quieted, subnormals flushed). Before: every call fell back to the
+    CPU for Tensor.view(dtype), and the output's reshard still changed those bits."""
+    import torch_xla
 
-    real = torch.float32 if dtype is torch.complex64 else dtype
-    x = _odd_floats(real, 8 * 3).reshape(8, 3)
-    if dtype is torch.complex64:
-        x = torch.complex(x, x.flip(0))
-    index = torch.tensor([5, 0, 7, 7, 2])
-    with mesh8:
-        g = ts.host_to_global_array(x, partition=ts.P("data"))
-        out = lookup(g).step.take_rows(g, index).cpu()
-    assert out.dtype == dtype and torch.equal(_bits(out), _bits(x[index]))
-
-
-def test_physical_to_logical_still_loses_float_bits_in_torch_xlas_reshard(mesh8):
-    """Pinned upstream behaviour (torch_xla 2.9.0): the gather is exact (above), but the
-    output's constraint to the partition spec (4 logical rows split over 8 devices, an
-    uneven reshard) turns -0.0 into 0.0 and quiets signalling NaNs. DTensor's dispatch is
-    bit-exact. When this fails, the dispatch is bit-exact on torch_xla too: update
-    docs/design.md's failure-mode table."""
-    x = _odd_floats(torch.float32, 12).reshape(4, 3)
+    batch = _odd_batch(logical)
     d = ts.InputDispatcher(
-        4, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=8
+        logical, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=16
     )
-    with mesh8:
+    out = d.physical_to_logical_batch(_physical(d, batch, key))
+    spec = "{devices=[8,1]0,1,2,3,4,5,6,7}" if logical == 8 else "{replicated}"
+    back = ts.global_to_host_array(out)
+    wrong = {
+        name: differing(back[name], want)
+        for name, want in batch.items()
+        if back[name].dtype != want.dtype or not torch.equal(bits(back[name]), bits(want))
+    }
+    assert not wrong
+    assert {torch_xla._XLAC._get_xla_sharding_spec(v) for v in out.values()} == {spec}
+
+
+def _compiles():
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return 0 if data is None else data[0]
+
+
+@pytest.mark.parametrize("key", ["row targets", "one-hot"])
+@pytest.mark.parametrize("logical", [8, 4])
+def test_dispatch_compiles_once_on_torch_xla(mesh8, logical, key):
+    """torch_xla's CompileTime count is flat after the first call: the same mesh, shapes and
+    dtypes give the same graph (the bitcasts are traced into it). Before, Tensor.view(dtype)
+    fell back to the CPU: every call compiled once more (counts 4, 5, 6, ... after calls 1,
+    2, 3) and traced for 160-290 ms."""
+    import torch_xla
+
+    d = ts.InputDispatcher(
+        logical, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=16
+    )
+    batch = {k: v for k, v in _odd_batch(logical).items() if "64" not in k}  # no float64 warning
+    g = _physical(d, batch, key)
+    counts = []
+    for _ in range(4):
+        out = d.physical_to_logical_batch(g)
+        torch_xla.sync()
+        counts.append(_compiles())
+    assert counts[1:] == [counts[0]] * 3, counts
+    back = ts.global_to_host_array(out)
+    assert all(torch.equal(bits(back[k]), bits(v)) for k, v in batch.items())
+
+
+def test_dispatch_input_batch_compiles_once_on_torch_xla(mesh8):
+    """The deprecated axlearn entry point (one-hot key) too: one compile, then none."""
+    import warnings
+
+    import torch_xla
+
+    d = ts.InputDispatcher(8, num_physical_feeds=1, physical_feed_index=0,
+                           global_physical_batch_size=16)  # fmt: skip
+    g = _physical(d, {"h": odd_values(torch.float16, 24).reshape(8, 3)}, "one-hot")
+    counts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for _ in range(3):
+            out = ts.dispatch_input_batch(g)
+            torch_xla.sync()
+            counts.append(_compiles())
+    assert counts[1:] == [counts[0]] * 2, counts
+    want = odd_values(torch.float16, 24).reshape(8, 3)
+    assert torch.equal(bits(ts.global_to_host_array(out)["h"]), bits(want))
+
+
+def test_uneven_logical_rows_are_asked_for_replicated(mesh42):
+    """The choice, stated: where the mesh does not divide the logical rows, torch_xla's
+    dispatch returns them replicated, P(), by request (the docstring, docs/differences.md); 8
+    rows on the (4, 2) mesh split over both axes, as the partition says."""
+    import torch_xla
+
+    spec = torch_xla._XLAC._get_xla_sharding_spec
+    for logical, want in [(8, "{devices=[8,1]0,1,2,3,4,5,6,7}"), (6, "{replicated}")]:
+        d = ts.InputDispatcher(logical, num_physical_feeds=1, physical_feed_index=0,
+                               global_physical_batch_size=16)  # fmt: skip
+        x = torch.arange(logical * 2).reshape(logical, 2)
         g = ts.host_to_global_array(
             d.logical_to_physical_batch({"x": x}), partition=d.partition_spec
         )
-        out = ts.global_to_host_array(d.physical_to_logical_batch(g))["x"]
-    assert torch.equal(out.isnan(), x.isnan())  # the values: equal, NaN for NaN
-    assert torch.equal(out[~x.isnan()], x[~x.isnan()])
-    assert not torch.equal(_bits(out), _bits(x))  # the bits: -0.0 and NaN payloads lost
-    negative_zero = _bits(x) == -(2**31)
-    assert negative_zero.any() and (_bits(out)[negative_zero] == 0).all()
+        out = d.physical_to_logical_batch(g)["x"]
+        assert spec(out) == want  # asked for, before any sync
+        torch_xla.sync()
+        assert spec(out) == want  # and what the step got
+        assert torch.equal(ts.global_to_host_array(out), x)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_take_rows_of_half_floats_quiets_nan_payloads_on_torch_xla(mesh8, dtype):
-    """Pinned upstream behaviour (torch_xla 2.9.0, CPU devices): -0.0 survives the gather,
-    NaN payloads of float16/bfloat16 come back as the canonical quiet NaN."""
-    from torchshard._backend.registry import lookup
+def test_a_leaf_that_needs_grad_keeps_the_float_route(mesh8):
+    """Integers have no gradient: a leaf that requires grad is gathered as floats (values
+    equal, -0.0 and NaN bits may change: the docstring says so) and stays differentiable."""
+    d = ts.InputDispatcher(8, num_physical_feeds=1, physical_feed_index=0,
+                           global_physical_batch_size=16)  # fmt: skip
+    x = torch.arange(24, dtype=torch.float32).reshape(8, 3)
+    g = ts.host_to_global_array(d.logical_to_physical_batch({"x": x}), partition=d.partition_spec)
+    w = g["x"].detach().requires_grad_(True)
+    out = d.physical_to_logical_batch({"x": w, KEY: g[KEY]})["x"]
+    (out * out).sum().backward()
+    assert torch.equal(ts.global_to_host_array(out.detach()), x)
+    grad = ts.global_to_host_array(w.grad)
+    assert torch.equal(grad[:8], 2 * x) and not grad[8:].any()
 
-    x = _odd_floats(dtype, 24).reshape(8, 3)
-    with mesh8:
-        g = ts.host_to_global_array(x, partition=ts.P("data"))
-        out = lookup(g).step.take_rows(g, torch.tensor([5, 0, 7])).cpu()
-    ref = x[torch.tensor([5, 0, 7])]
-    nan = ref.isnan()
-    assert torch.equal(out.isnan(), nan)
-    assert torch.equal(_bits(out)[~nan], _bits(ref)[~nan])  # -0.0 kept
-    assert not torch.equal(_bits(out)[nan], _bits(ref)[nan])  # payloads quieted
+
+def test_a_tensor_kept_from_inside_vmap_is_refused():
+    """Before: padded as if it were data (its shape lacks vmap's batch dimension), failing
+    later inside the engine with ``Cannot access storage of BatchedTensorImpl``."""
+    kept = []
+    torch.func.vmap(lambda x: kept.append(x) or x.sum())(torch.ones(2, 4, 3))
+    d = ts.InputDispatcher(4, global_physical_batch_size=8, num_physical_feeds=1)
+    with pytest.raises(
+        TypeError,
+        match=re.escape(
+            "logical_feed_batch['x']: expected a host tensor, but got a tensor batched by "
+            "torch.func.vmap"
+        ),
+    ):
+        d.logical_to_physical_batch({"x": kept[0]})

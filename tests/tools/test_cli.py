@@ -200,8 +200,23 @@ def _one_line_error(result, command, message):
             "layout",
             "argument --shape: every entry must be non-negative, but '-16,8' has -16",
         ),
+        (
+            ["demo", "--backend", "xla", "--batch", str(2**31)],  # before: a 32 TiB traceback
+            "demo",
+            (
+                "--batch 2147483648: the demo's dataset is 64 batches of 136-byte examples, 17.0 "
+                "TiB, held by this process and its 2 DataLoader worker(s): 51.0 TiB in all, above "
+                "the demo's bound of 4.0 GiB; pass --batch 164,480 or less (or fewer --workers)"
+            ),
+        ),
     ],
-    ids=["demo-batch-0", "demo-batch-negative", "bench-threads-0", "layout-negative-shape"],
+    ids=[
+        "demo-batch-0",
+        "demo-batch-negative",
+        "bench-threads-0",
+        "layout-negative-shape",
+        "demo-batch-2**31",
+    ],
 )
 def test_bad_arguments_are_one_line_in_a_subprocess(args, command, message):
     _one_line_error(_run(*args), command, message)
@@ -247,6 +262,25 @@ def _main(capsys, *argv):
         (
             ["demo", "--batch", "eight"],
             "argument --batch: expected a positive int, but got 'eight'",
+        ),
+        (["demo", "--lr", "nan"], "argument --lr: expected a finite number >= 0, but got 'nan'"),
+        (["demo", "--lr", "inf"], "argument --lr: expected a finite number >= 0, but got 'inf'"),
+        (["demo", "--lr", "-1e-3"], "argument --lr: expected a finite number >= 0, but got '-1e"),
+        (["demo", "--lr", "-inf"], "argument --lr: expected a finite number >= 0, but got '-inf'"),
+        (["demo", "--seed", "-1"], "argument --seed: expected a non-negative int, but got '-1'"),
+        (
+            ["demo", "--seed", str(2**63)],
+            (
+                "argument --seed: expected at most 9,223,372,036,854,775,807 (numpy's and torch's "
+                "seeds are 64-bit)"
+            ),
+        ),
+        (
+            ["demo", "--workers", "100000"],
+            (
+                f"argument --workers: expected at most {4 * (os.cpu_count() or 1):,} (4 processes "
+                "per core), but got '100000'"
+            ),
         ),
         (["bench", "--threads", "-2"], "argument --threads: expected a positive int"),
         (["bench", "nosuch"], "argument name: invalid choice: 'nosuch'"),
@@ -492,22 +526,88 @@ def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatc
 
 @pytest.mark.xla  # the XLA default bench / emulation
 def test_bench_json_on_a_full_disk_is_one_line(capsys, monkeypatch):
-    """``bench --json /dev/full`` ended in a traceback from ``write_json`` (ENOSPC)."""
+    """``bench --json /dev/full`` ended in a traceback from ``write_json`` (ENOSPC); then (issue
+    22) in one line, but after the whole run (minutes for ``bench all``). Now refused before
+    any bench runs: a device that refuses every write refuses an empty one too."""
     from torchshard._tools import bench as bench_pkg
 
+    ran = []
     fake = types.ModuleType("torchshard_fake_bench")
-    fake.run = lambda report: None  # type: ignore[attr-defined]
+    fake.run = lambda report: ran.append(report)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torchshard_fake_bench", fake)
     monkeypatch.setitem(bench_pkg.BENCHES, "fake", "torchshard_fake_bench")
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     result = _main(capsys, "bench", "fake", "--plain", "--json", "/dev/full")
-    assert result.returncode == 1, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert lines[-1] == (
-        "python -m torchshard bench: error: could not write /dev/full: No space left on device"
+    _one_line_error(result, "bench", "cannot write /dev/full: No space left on device")
+    assert ran == []
+    # /dev/null and a pipe take an empty write: accepted (nothing is written before the run)
+    cli.check_output_path("/dev/null")
+
+
+def test_an_output_file_on_a_full_file_system_is_refused_before_the_run(tmp_path, monkeypatch):
+    full = types.SimpleNamespace(f_blocks=1000, f_bavail=0)
+    monkeypatch.setattr(os, "fstatvfs", lambda fd: full)
+    with pytest.raises(cli.UsageError) as info:
+        cli.check_output_path(str(tmp_path / "out.json"))
+    assert str(info.value) == (
+        f"cannot write {tmp_path / 'out.json'}: the file system holding {tmp_path} is full (0 "
+        "bytes available)"
     )
-    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.json").exists()
+    monkeypatch.setattr(os, "fstatvfs", lambda fd: types.SimpleNamespace(f_blocks=0, f_bavail=0))
+    cli.check_output_path(str(tmp_path / "out.json"))  # a file system that reports no sizes
+
+
+def _layout_into(stdout, *extra):
+    import torchshard
+
+    root = str(pathlib.Path(torchshard.__file__).resolve().parents[1])
+    args = ["layout", "--mesh", "64,2", "--axes", "data,model", "--shape", "1024,8", *extra]
+    return subprocess.run(
+        [sys.executable, "-m", "torchshard", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": root},
+        check=False,
+    )
+
+
+def test_layout_into_a_pipe_its_reader_closed_is_one_line():
+    """``layout ... | head -1`` (the reader gone before the end): with rich, exit 1 and no
+    message (rich's own handler ends the process); plain, ``error: [Errno 32] Broken pipe``
+    with exit status 2, as if the input were wrong. Now one line naming standard output,
+    exit 1, both ways."""
+    for extra in ((), ("--plain",)):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before anything is written
+        try:
+            out = _layout_into(write, *extra)
+        finally:
+            os.close(write)
+        assert out.returncode == 1, out.stderr
+        assert out.stderr == (
+            "python -m torchshard layout: error: could not write standard output: Broken pipe "
+            "(its reader closed it before the end, as `| head` does)\n"
+        )
+
+
+def test_layout_onto_a_full_device_is_an_output_error():
+    """``layout > /dev/full``: exit status 2 and ``[Errno 28] No space left on device``, as if
+    the input were wrong; now an output error (exit 1) naming standard output."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        out = _layout_into(full, "--plain")
+    assert (out.returncode, out.stderr) == (
+        1,
+        (
+            "python -m torchshard layout: error: could not write standard output: No space left on "
+            "device\n"
+        ),
+    )
 
 
 def test_layout_with_stdout_closed_is_one_line(tmp_path):

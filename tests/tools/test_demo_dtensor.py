@@ -44,7 +44,7 @@ def demo(*args, devices=None, xla=True):
 def test_demo_without_torch_xla_trains_on_dtensor_gloo_processes():
     """A plain install (torch_xla hidden here): ``--backend auto`` picks dtensor; 2 gloo
     processes, each a host with its DataLoader worker; the same lines as on XLA."""
-    run = demo("--steps", "12", devices=2, xla=False)
+    run = demo("--steps", "100", devices=2, xla=False)
     assert run.returncode == 0, run.stdout + run.stderr
     # gloo's own "[Gloo] Rank r is connected to n peer ranks" lines, which the processes may
     # write into each other's (a line split after "[Gloo] Rank ").
@@ -53,10 +53,10 @@ def test_demo_without_torch_xla_trains_on_dtensor_gloo_processes():
     out = "".join(line + "\n" for line in lines).lstrip("\n")
     assert out.startswith(
         "mesh {'data': 1, 'model': 2}, 2 gloo process(es) x 1 DataLoader worker(s) "
-        "(forkserver), global batch 256 (128 per process), 12 steps\n"
+        "(forkserver), global batch 256 (128 per process), 100 steps\n"
     )
-    steps = re.findall(r"^step +(\d+)/12  loss (\d+\.\d+) +(\S+)", out, re.M)
-    assert [int(s) for s, _, _ in steps] == list(range(1, 13))  # every step: 12 // 10
+    steps = re.findall(r"^step +(\d+)/100  loss (\d+\.\d+) +(\S+)", out, re.M)
+    assert [int(s) for s, _, _ in steps] == list(range(10, 101, 10))  # every 100 // 10
     first, last, rate, wait = (float(x) for x in FINAL.search(out).groups())
     assert last < 0.95 * first and rate > 0 and 0 <= wait <= 100
     assert "s of warm-up" in out and out.endswith("ok: the loss fell\n")

@@ -184,7 +184,27 @@ class InStep(Protocol):
 
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """``out[l] = x[index[l]]`` along dim 0, for a global ``x`` and an ``index`` from
-        ``full_local`` (the same on every process). The result is sharded like ``x``."""
+        ``full_local`` (the same on every process). The result is sharded like ``x``. Floats
+        move as bits where the backend can (-0.0 and NaN payloads kept)."""
+        ...
+
+    splits_unevenly: bool
+    """Whether a step's result can be split along a dimension that the mesh axes do not
+    divide: DTensor's ``Shard`` can; torch_xla 2.9 returns such a result replicated (a graph's
+    output), resharded through a sum of floats. Dispatch asks for ``P()`` where it cannot."""
+
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        """``out[targets[p]] = x[p]`` for the rows ``p`` of a global ``x`` whose row target
+        (``targets``, ``[P]``, a global tensor) is ``>= 0``: the ``logical`` rows, dim 0 split
+        over the mesh axes ``axes`` (which divide ``logical``). ``None`` where the backend has
+        no direct route for ``x``: the caller gathers with ``full_local`` and ``take_rows``."""
         ...
 
 

@@ -4,8 +4,8 @@ With one process per device (the DTensor backend), each process infers the globa
 leaf from its own block. Processes that pass different shapes would build different global
 tensors, and the first collective would then hang or mix data. So before anything is planned,
 each process describes its call (the tree structure and partition, then each leaf's shape and
-dtype), hashes the description to 8 bytes, and the processes exchange the digests through the
-default process group's store (the backend's bounded exchange, overlapped with placement).
+dtype), hashes the description to 8 bytes, and the processes exchange the digests (the
+backend's bounded exchange: DTensor's exchange tree, overlapped with placement).
 Only when the digests differ are the descriptions themselves exchanged, to name the first
 leaf that differs; every process then raises the same ``ProcessDisagreementError``.
 
@@ -142,10 +142,10 @@ def set_agreement_check(enabled: bool, /) -> bool:
     With one process per device (the DTensor backend), ``host_to_global_array`` first checks
     that every process passed the same tree structure, partition, shapes and dtypes, so that a
     disagreement is a clear error on every process instead of a hang. The check costs one
-    exchange of a short digest of the call through the default process group's store,
-    overlapped with placement, and is bounded by the default group's timeout; turn it off
-    when the input pipeline guarantees equal shapes and that latency matters. The environment
-    variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
+    exchange of a short digest of the call between the processes (torchshard's exchange tree:
+    O(log N) hops), overlapped with placement, and is bounded by the default group's timeout;
+    turn it off when the input pipeline guarantees equal shapes and that latency matters. The
+    environment variable ``TORCHSHARD_AGREEMENT_CHECK=0`` also turns it off. The torch_xla
     backend does not check (it has no cheap collective outside a step).
 
     Example:
@@ -181,9 +181,9 @@ def set_value_check(enabled: bool | None, /) -> bool | None:
     off too, ``True`` (or ``TORCHSHARD_VALUE_CHECK=1``) checks every batch and every
     ``host_to_global_array``.
 
-    The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange
-    through the default store in which every process reads every other's checksums (see
-    docs/design.md for measurements). Environment variable: ``TORCHSHARD_VALUE_CHECK=1``.
+    The cost: hashing every local block (blake2b, about 1 GB/s per process) and one exchange in
+    which the processes' checksums are compared per block as they meet up the exchange tree
+    (see docs/design.md for measurements). Environment variable: ``TORCHSHARD_VALUE_CHECK=1``.
     The torch_xla backend does not check across processes.
 
     Example:

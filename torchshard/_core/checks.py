@@ -8,6 +8,8 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import numpy as np
+
 from torchshard._core.errors import at
 
 
@@ -20,6 +22,19 @@ def _as_int(value: Any) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _as_whole(value: Any) -> int | None:
+    """The int that ``value`` would stand for as a size, for a fix to suggest (never to use):
+    an int, a bool (``True``: 1) or a float that is a whole number; else ``None``."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    size = _as_int(value)
+    if size is not None:
+        return size
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    return None
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -61,11 +76,23 @@ def shape(value: Any, where: str) -> tuple[int, ...]:
     for i, n in enumerate(dims):
         size = _as_int(n)
         if size is None:
+            if isinstance(n, (bool, np.bool_)):
+                why = "a bool is not a size"
+            elif isinstance(n, (float, np.floating)):
+                why = "sizes count elements: nothing is rounded"
+            else:
+                why = "sizes count elements: nothing is converted"
+            whole = [_as_whole(v) for v in dims]
+            fix = (
+                f"pass {tuple(whole)!r} if that is the shape meant"
+                if None not in whole
+                else "pass one int per dimension"
+            )
             raise TypeError(
                 at(
                     where,
                     f"every size of a shape must be an int, but dim {i} of {dims!r} is {n!r} of "
-                    f"type {type(n).__name__}; sizes count elements (nothing is rounded).",
+                    f"type {type(n).__name__} ({why}); {fix}.",
                 )
             )
         if size < 0:

@@ -35,6 +35,15 @@ class RankSet:
         self.more = int(more) + extra
 
     @classmethod
+    def _normal(cls, ranges: tuple[tuple[int, int], ...], more: int) -> RankSet:
+        """A set of ranges already sorted, disjoint, non-adjacent and at most ``MAX_RANGES``
+        (what ``to_wire`` writes): no checks, no sorting."""
+        out = cls.__new__(cls)
+        out.ranges = ranges
+        out.more = more
+        return out
+
+    @classmethod
     def of(cls, ranks: Iterable[int]) -> RankSet:
         """The set of ``ranks``."""
         return cls((r, r) for r in ranks)
@@ -94,5 +103,11 @@ class RankSet:
         """The inverse of ``to_wire``; ``ValueError`` for what it did not write."""
         if not data or len(data) % 2 != 1:
             raise ValueError(f"RankSet.from_wire: expected 2k + 1 ints, but got {list(data)!r}.")
-        pairs = [(int(data[i]), int(data[i + 1])) for i in range(0, len(data) - 1, 2)]
+        pairs = tuple((int(data[i]), int(data[i + 1])) for i in range(0, len(data) - 1, 2))
+        if (
+            len(pairs) <= MAX_RANGES
+            and all(lo <= hi for lo, hi in pairs)
+            and all(pairs[i][1] + 1 < pairs[i + 1][0] for i in range(len(pairs) - 1))
+        ):
+            return cls._normal(pairs, int(data[-1]))
         return cls(pairs, int(data[-1]))

@@ -207,25 +207,33 @@ def flatten(
     return leaves, treespec
 
 
-def paths(treespec: optree.PyTreeSpec, name: str) -> list[str]:
+def paths(
+    treespec: optree.PyTreeSpec, name: str, parts: tuple[str, ...] | None = None
+) -> list[str]:
     """Each leaf's path as code, e.g. ``host_arrays['x'][0]`` (computed on demand: it is only
-    needed for error messages)."""
-    return [a.codify(name) for a in treespec.accessors()]
+    needed for error messages). ``parts``: the tree is a tuple whose element ``i`` is named
+    ``parts[i]`` (``("batch", "mask")``: ``batch['x']``, not ``name[0]['x']``)."""
+    if parts is None:
+        return [a.codify(name) for a in treespec.accessors()]
+    return [a[1:].codify(parts[a[0].entry]) for a in treespec.accessors()]
 
 
 class LazyPaths:
-    """``paths(treespec, name)``, computed the first time an entry is read."""
+    """``paths(treespec, name, parts)``, computed the first time an entry is read."""
 
-    __slots__ = ("_name", "_paths", "_treespec")
+    __slots__ = ("_name", "_parts", "_paths", "_treespec")
 
-    def __init__(self, treespec: optree.PyTreeSpec, name: str) -> None:
+    def __init__(
+        self, treespec: optree.PyTreeSpec, name: str, parts: tuple[str, ...] | None = None
+    ) -> None:
         self._treespec = treespec
         self._name = name
+        self._parts = parts
         self._paths: list[str] | None = None
 
     def __getitem__(self, i: int) -> str:
         if self._paths is None:
-            self._paths = paths(self._treespec, self._name)
+            self._paths = paths(self._treespec, self._name, self._parts)
         return self._paths[i]
 
 

@@ -4,7 +4,8 @@ plan that validation makes of it (``CallPlan``).
 ``read(trees, topology, partition, per_host=...)`` takes one tree per host this process
 supplies (``topology.data_hosts``: its own; every host under ``virtual_hosts``). Paths are
 named after the argument (``host_arrays[...]``, or ``per_host_arrays[h][...]`` for a list of
-per-host trees) and computed only for errors.
+per-host trees; a caller names its own: the loader's ``batch[...]``) and computed only for
+errors.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class HostCall:
 
     __slots__ = (
         "_paths",
+        "argname",
         "global_shape",
         "leaves",
         "partition",
+        "parts",
         "per_host",
         "tensors",
         "trees",
@@ -47,43 +50,50 @@ class HostCall:
     )
 
     def __init__(
-        self, trees: Sequence[Any], partition: Any, per_host: bool, global_shape: Any = None
+        self,
+        trees: Sequence[Any],
+        partition: Any,
+        per_host: bool,
+        global_shape: Any = None,
+        *,
+        name: str | None = None,
+        parts: tuple[str, ...] | None = None,
     ) -> None:
         self.partition = partition
         self.per_host = per_host
         self.global_shape = global_shape  # None: inferred; else a shape, or a prefix tree
+        self.argname = name or ("per_host_arrays" if per_host else "host_arrays")
+        """The argument the trees were passed as (errors name it)."""
+        self.parts = parts
+        """Each tree is a tuple of parts named so (the loader's ``("batch", "mask")``)."""
         self.trees = trees
         if len(trees) == 1:  # the common case, without the generic bookkeeping
             leaves, treespec = flatten(
-                trees[0], name="per_host_arrays[0]" if per_host else "host_arrays"
+                trees[0], name=f"{self.argname}[0]" if per_host else self.argname
             )
             self.leaves = [leaves]
             self.treespecs: tuple[optree.PyTreeSpec, ...] = (treespec,)
         else:
-            flat = [flatten(t, name=f"per_host_arrays[{h}]") for h, t in enumerate(trees)]
+            flat = [flatten(t, name=self._root(h)) for h, t in enumerate(trees)]
             self.leaves = [f[0] for f in flat]
             self.treespecs = tuple(f[1] for f in flat)
         self._paths: list[LazyPaths] | None = None
         self.tensors: list[list[torch.Tensor]] | None = None
 
-    @property
-    def argname(self) -> str:
-        """The argument the trees were passed as (errors name it)."""
-        return "per_host_arrays" if self.per_host else "host_arrays"
+    def _root(self, h: int) -> str:
+        return f"{self.argname}[{h}]" if self.per_host else self.argname
 
     @property
     def paths(self) -> list[LazyPaths]:
         """Per host, its leaves' paths as code (``host_arrays['x']``,
-        ``per_host_arrays[1]['x']``)."""
+        ``per_host_arrays[1]['x']``; with ``parts``, ``batch['x']``, ``host_batches[1]['x']``)."""
         if self._paths is None:
-            names = (
-                [f"per_host_arrays[{h}]" for h in range(len(self.treespecs))]
-                if self.per_host
-                else ["host_arrays"] * len(self.treespecs)
-            )
-            self._paths = [
-                LazyPaths(spec, name) for spec, name in zip(self.treespecs, names, strict=True)
-            ]
+            self._paths = []
+            for h, spec in enumerate(self.treespecs):
+                parts = self.parts
+                if parts is not None and self.per_host:
+                    parts = tuple(f"{p}[{h}]" for p in parts)
+                self._paths.append(LazyPaths(spec, self._root(h), parts))
         return self._paths
 
     @property
@@ -112,20 +122,23 @@ def read(
     *,
     per_host: bool,
     global_shape: Any = None,
+    name: str | None = None,
+    parts: tuple[str, ...] | None = None,
 ) -> HostCall:
     """The call of ``trees``: one per host in ``topology.data_hosts``, in that order.
 
     ``per_host``: the trees were given as a list of per-host trees (``per_host_arrays``), not as
     this host's one tree (``host_arrays``); it names the paths of errors. ``global_shape``: see
-    ``host_to_global_array``.
+    ``host_to_global_array``. ``name``: the argument the paths of errors start with (default
+    ``per_host_arrays`` or ``host_arrays``); ``parts``: each tree is a tuple of parts named so.
     """
     count = len(topology.data_hosts)
     if len(trees) != count:
-        name = "per_host_arrays" if per_host else "host_arrays"
+        name = name or ("per_host_arrays" if per_host else "host_arrays")
         raise ShardingError(
             at(name, f"expected one tree per host, {count} in all, but got {len(trees)}.")
         )
-    return HostCall(trees, partition, per_host, global_shape)
+    return HostCall(trees, partition, per_host, global_shape, name=name, parts=parts)
 
 
 class CallPlan:

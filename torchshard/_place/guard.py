@@ -4,7 +4,8 @@ transform (``grad``, ``vmap``).
 Each of these reached the runtime before and ended badly: a worker process (fork or spawn)
 hung with no outcome (it cannot reach the devices, or the other processes' collectives), and
 functorch-wrapped leaves gave an obscure error. ``check_caller`` refuses at once, naming the
-call and the fix; it costs about 0.4 us (a global read and a flag read).
+call and the fix; it costs about 0.4 us (a global read and a flag read). A tensor kept from
+inside a transform and passed after it is a leaf question (``host_data.unwrapped``).
 
 Under ``torch.compile``: Dynamo cannot trace placing or reading back (optree's C flatten,
 torch_xla's data calls; tracing ``host_to_global_array`` failed with "AssertionError: unsafe

@@ -17,7 +17,7 @@ import torch
 from torchshard._core import checks
 from torchshard._core.errors import at
 from torchshard._core.tree import register_array_type
-from torchshard._place._torch_private import is_fake_tensor
+from torchshard._place._torch_private import functorch_wrapper, is_fake_tensor
 
 if TYPE_CHECKING:
     from collections.abc import Container
@@ -88,19 +88,23 @@ def has_names(x: torch.Tensor) -> bool:
 def is_host_tensor(x: Any) -> bool:
     """Whether ``x`` is used as it is: a plain (not a subclass), dense CPU tensor of a
     supported dtype that needs no grad and has no names, not nested, not a lazy conjugate or
-    negative view, and with its storage (not freed, as FSDP frees a parameter's)."""
-    return (
-        type(x) is torch.Tensor
-        and x.is_cpu
-        and not x.requires_grad
-        and x.dtype in _SUPPORTED
-        and x.layout is _STRIDED
-        and not x.is_nested
-        and not x.is_conj()
-        and not x.is_neg()
-        and not (_HAS_NAMES is not None and _HAS_NAMES(x))
-        and (x.untyped_storage().nbytes() > 0 or x.numel() == 0)
-    )
+    negative view, and with its storage (not freed, as FSDP frees a parameter's; not a tensor
+    that ``torch.func.vmap`` or ``grad`` wrapped, which has none)."""
+    try:
+        return (
+            type(x) is torch.Tensor
+            and x.is_cpu
+            and not x.requires_grad
+            and x.dtype in _SUPPORTED
+            and x.layout is _STRIDED
+            and not x.is_nested
+            and not x.is_conj()
+            and not x.is_neg()
+            and not (_HAS_NAMES is not None and _HAS_NAMES(x))
+            and (x.untyped_storage().nbytes() > 0 or x.numel() == 0)
+        )
+    except NotImplementedError:  # "Cannot access storage of BatchedTensorImpl" (or TensorWrapper)
+        return False
 
 
 def _dtype_names() -> str:
@@ -112,6 +116,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
     if is_host_tensor(x):
         return x
     if isinstance(x, torch.Tensor):
+        x = unwrapped(x, where)  # kept from inside a torch.func transform
         if x.device.type != "cpu":
             raise TypeError(
                 at(
@@ -172,6 +177,42 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
     )
 
 
+def unwrapped(x: torch.Tensor, where: str) -> torch.Tensor:
+    """``x`` itself unless a ``torch.func`` transform wrapped it. A tensor kept from inside
+    ``grad``, ``vjp`` or ``jvp`` reads as its values once the transform has ended: its values
+    (``detach`` unwraps it). Raises ``TypeError`` naming ``where`` for a tensor that ``vmap``
+    batched and that escaped the vmapped function (it has no memory of its own, its shape
+    lacks the batch dimension, and torch cannot read it outside the transform), and for a
+    wrapper whose transform is still running."""
+    kind = functorch_wrapper(x)
+    if kind is None:
+        return x
+    if kind == "grad":
+        try:
+            x = x.detach()
+        except RuntimeError:  # "your tensor may have escaped from inside a function being vmapped"
+            kind = "vmap"
+        else:
+            kind = functorch_wrapper(x)
+            if kind is None:
+                return x
+    if kind == "vmap":
+        found = (
+            f"a tensor batched by torch.func.vmap and kept from inside the vmapped function "
+            f"(there of shape {tuple(x.shape)}, its batch dimension taken off): it has no "
+            "memory of its own, and outside the transform torch cannot read its values. Return "
+            "it from the vmapped function (vmap stacks what the function returns into a plain "
+            "tensor) and pass that, or pass the tensor vmap was given."
+        )
+    else:
+        found = (
+            "a tensor wrapped by a torch.func transform that is still running (grad, jvp, ...), "
+            "which is not host data. Place the data before the transform and pass the global "
+            "tensors in."
+        )
+    raise TypeError(at(where, f"expected a host tensor, but got {found}"))
+
+
 def _check_tensor_kind(x: torch.Tensor, where: str) -> None:
     """Raises ``TypeError`` naming ``where`` for a CPU tensor whose memory is not its values:
     a fake or nested tensor, a lazy conjugate or negative view, freed storage."""
@@ -228,6 +269,8 @@ def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:
     Raises ``TypeError`` naming ``where`` unless the shape is a sequence of ints (fractional
     sizes are not truncated) and the dtype a dtype; ``ValueError`` for a negative size.
     """
+    if isinstance(x, torch.Tensor):
+        x = unwrapped(x, where)  # a vmapped tensor's shape lacks the batch dimension
     shape = getattr(x, "shape", None)
     dtype = getattr(x, "dtype", None)
     if shape is None or dtype is None:

@@ -1,10 +1,10 @@
 """Host -> global: ``host_to_global_array``, its deprecated alias, and ``host_to_global_specs``.
 
 Data flow of ``host_to_global_array``: the current mesh, its backend and topology; the call
-(``call.py``) of this host's tree; the backend's agreement step (DTensor: one store exchange,
-overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from an earlier
-call, else validated and planned by ``validate.py``); ``place.py`` hands one view per local
-device to the backend. Nothing moves before every leaf is validated.
+(``call.py``) of this host's tree; the backend's agreement step (DTensor: one exchange over
+the tree, overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from
+an earlier call, else validated and planned by ``validate.py``); ``place.py`` hands one view
+per local device to the backend. Nothing moves before every leaf is validated.
 """
 
 from __future__ import annotations

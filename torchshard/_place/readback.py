@@ -192,7 +192,9 @@ def replicate_to_local_data(x: Any, /) -> Any:
     """The full global value of every global tensor in ``x``, on the host.
 
     Built from local shards when this process holds every block (one host, or the
-    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather). As for
+    emulation); otherwise the backend gathers (torch_xla: ``.cpu()``, an all-gather; DTensor
+    on several processes always gathers, ``to_local()`` of a replicated one, so that every
+    process takes the same path). As for
     ``global_to_host_array``, no mesh is needed, and a tensor that was never annotated gives
     its value (as JAX's ``process_allgather``).
 
@@ -207,14 +209,19 @@ def replicate_to_local_data(x: Any, /) -> Any:
     leaves, treespec = flatten(x)
     if not leaves:
         return unflatten(treespec, [])
-    backend, _ = _runtime(leaves)
+    backend, topology = _runtime(leaves)
     where = LazyPaths(treespec, "x")
     for i, leaf in enumerate(leaves):
         if not backend.place.is_global(leaf):
             _check_global(backend, leaf, where[i])
+    # Where processes gather together (DTensor), every process must take the same branch: one
+    # whose block happens to be the whole value (an uneven split: 1 row over 4 ranks) still
+    # gathers with the others, or they would wait for it.
+    together = backend.processes is not None and topology.process_count > 1
+    every = [None] * len(leaves) if together else backend.read.local_shards(leaves)
     out = []
-    for i, (leaf, shards) in enumerate(zip(leaves, backend.read.local_shards(leaves), strict=True)):
-        block = _block(shards, leaf.dim(), leaf.dtype)
+    for i, (leaf, shards) in enumerate(zip(leaves, every, strict=True)):
+        block = None if shards is None else _block(shards, leaf.dim(), leaf.dtype)
         if block is not None and tuple(block.shape) == tuple(leaf.shape):
             out.append(block)
             continue

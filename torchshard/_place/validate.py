@@ -10,6 +10,7 @@ report the same errors. Errors name the leaf's path.
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -229,8 +230,13 @@ def check_local_owner(topology: Topology, devices: tuple[int, ...]) -> None:
 
 
 def _is_shape(x: Any) -> bool:
-    return isinstance(x, (tuple, list, torch.Size)) and all(
-        isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in x
+    """A shape, or a sequence meant as one: every entry an int, or any entry a number or a
+    string, which no subtree is (``(8, 2.0)``, ``(True, 2)``, ``(8, "2")``). Such a sequence is
+    a leaf of the prefix tree, checked as a shape (``checks.shape`` names the entry), not a
+    subtree that fails to match the data."""
+    return isinstance(x, (tuple, list, torch.Size)) and (
+        all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in x)
+        or any(isinstance(n, (numbers.Number, np.generic, str, bytes)) for n in x)
     )
 
 
@@ -241,8 +247,8 @@ def global_shapes(
     ``given`` is one shape for every leaf, or a prefix tree of shapes and ``None``s."""
     if given is None:
         return [None] * n
-    if _is_shape(given):
-        shapes = [given] * n
+    if _is_shape(given):  # one shape for every leaf: its errors name global_shape itself
+        return [checks.shape(given, "global_shape")] * n
     else:
         if isinstance(given, (str, bytes, int, float)):
             raise TypeError(

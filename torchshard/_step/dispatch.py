@@ -8,7 +8,10 @@ other leaf of that dict becomes ``x.index_select(0, p)``: ``out[l] = x[p(l)]``. 
 The key's backend gives the key's whole value for the index maths (``InStep.full_local``:
 torch_xla traces it; DTensor, which has no ``argmax`` rule and refuses plain tensors next to
 DTensors, all-gathers the small key) and each leaf's backend does the gather
-(``InStep.take_rows``), so this module works alike on both.
+(``InStep.take_rows``), so this module works alike on both. Row targets first go to the leaf's
+backend as they are (``InStep.move_rows``: torch_xla scatters each device's rows to their
+targets and reduce-scatters, with no indices at all); a backend without that route gathers.
+Both primitives move bits, not float values.
 
 Key forms (``P``: physical rows, ``L``: logical rows):
 
@@ -24,14 +27,20 @@ Key forms (``P``: physical rows, ``L``: logical rows):
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from torchshard._backend.protocols import InStep
 from torchshard._backend.registry import lookup
+from torchshard._core.context import current_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError, at
+from torchshard._core.mesh import Mesh
+from torchshard._core.sharding import dim_axes
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._step.constraint import maybe_shard
@@ -40,8 +49,33 @@ PHYSICAL_TO_LOGICAL_DISPATCH_KEY = "__physical_to_logical_batch_dispatch"
 """The key of a dict's dispatch tensor (axlearn's name and value; axlearn compatibility)."""
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
 
-# (key, where of the key, number of physical rows of the dict's leaves) -> gather indices.
-ToIndices = Callable[[torch.Tensor, str, int], torch.Tensor]
+
+@dataclasses.dataclass(frozen=True)
+class RowTargets:
+    """A row-target key ``[P]`` as the step got it (a global tensor) and the logical batch
+    size: backends that move rows by their targets take it as it is (``InStep.move_rows``),
+    the others gather by the indices made from its whole value (``whole``, when a check has
+    already read it)."""
+
+    key: torch.Tensor
+    logical: int
+    whole: torch.Tensor | None = None
+
+    def indices(self) -> torch.Tensor:
+        """The gather indices ``[logical]`` (in step)."""
+        whole = whole_key(self.key) if self.whole is None else self.whole
+        return row_targets_to_indices(whole, self.logical)
+
+
+# (key as the step got it, where of the key, number of physical rows of the dict's leaves)
+# -> gather indices, or row targets for the leaves' backends to move.
+ToIndices = Callable[[torch.Tensor, str, int], "torch.Tensor | RowTargets"]
+
+
+def whole_key(key: torch.Tensor) -> torch.Tensor:
+    """The key's whole value for the index maths (torch_xla: the key itself, traced; DTensor:
+    a plain tensor, the same on every rank)."""
+    return lookup(key).step.full_local(key)
 
 
 def holds_key(x: Any) -> bool:
@@ -128,14 +162,47 @@ def _dispatch_dict(
             )
     if physical is None:
         return rest
-    # The key's backend gives its whole value for the index maths (torch_xla: the key itself,
-    # traced; DTensor: a plain tensor, the same on every rank), each leaf's backend the gather.
-    index = to_indices(lookup(key).step.full_local(key), key_path(where), physical)
+    rows = to_indices(key, key_path(where), physical)
+    index = rows if isinstance(rows, torch.Tensor) else None
+    logical = rows.logical if isinstance(rows, RowTargets) else int(rows.shape[0])
+    mesh = current_mesh() if out_spec is not None else None
     out = []
     for leaf in leaves:
-        selected = lookup(leaf).step.take_rows(leaf, index)
-        out.append(maybe_shard(selected, out_spec))
+        step = lookup(leaf).step
+        spec, axes = _logical_split(step, mesh, out_spec, logical)
+        selected = None
+        if isinstance(rows, RowTargets) and mesh is not None and axes:
+            selected = step.move_rows(leaf, rows.key, logical, mesh, axes)
+        if selected is None:
+            if index is None:
+                index = cast(RowTargets, rows).indices()
+            selected = step.take_rows(leaf, index)
+        out.append(maybe_shard(selected, spec))
     return unflatten(treespec, out)
+
+
+def _logical_split(
+    step: InStep, mesh: Mesh | None, out_spec: PartitionSpec | None, logical: int
+) -> tuple[PartitionSpec | None, tuple[str, ...]]:
+    """The spec the logical rows are constrained to, and the mesh axes that split their dim 0
+    (``()``: none, or not known here: ``maybe_shard`` judges the spec).
+
+    ``out_spec`` itself, except where its axes do not divide the logical rows and the backend
+    cannot split them unevenly (torch_xla 2.9 returns such a result replicated, resharded
+    through a sum that loses -0.0, NaN payloads and subnormals): there the rows are asked for
+    replicated, ``P()``, which moves them as bits and says what the step gets."""
+    if out_spec is None or mesh is None or mesh.size == 1 or len(out_spec) == 0:
+        return out_spec, ()
+    try:
+        axes = dim_axes(mesh, out_spec)
+    except ShardingError:  # maybe_shard leaves such a spec alone (and logs why)
+        return out_spec, ()
+    if any(axes[1:]):
+        return out_spec, ()
+    split = math.prod(mesh.shape[a] for a in axes[0])
+    if logical % split and not step.splits_unevenly:
+        return PartitionSpec(), ()
+    return out_spec, axes[0]
 
 
 def onehot_to_indices(key: torch.Tensor, where: str, physical: int, check: bool) -> torch.Tensor:
@@ -195,10 +262,42 @@ def check_indices(index: torch.Tensor, physical: int, where: str) -> None:
         )
 
 
-def row_targets_to_indices(
-    targets: torch.Tensor, logical: int, where: str, check: bool
-) -> torch.Tensor:
-    """Gather indices ``[logical]`` from row targets ``[physical]`` (in step).
+def check_row_targets(targets: torch.Tensor, logical: int, where: str) -> None:
+    """Raises unless the row targets ``[physical]`` (a whole value) name every logical index
+    in ``[0, logical)`` exactly once, ``-1`` marking padding (a sync)."""
+    targets = targets.to(torch.int64)
+    slots = torch.where(targets >= 0, targets, torch.full_like(targets, logical))
+    bad = (targets < -1) | (targets >= logical)
+    counts = torch.zeros(logical + 1, dtype=torch.int64, device=targets.device).scatter_add(
+        0, torch.where(bad, torch.full_like(slots, logical), slots), torch.ones_like(slots)
+    )
+    counts, n_bad = counts[:logical].cpu(), int(bad.sum().cpu())
+    wrong = [int(i) for i in torch.nonzero(counts != 1).reshape(-1)]
+    if n_bad or wrong:
+        twice = [i for i in wrong if counts[i] > 1]
+        hint = ""
+        if twice:
+            at_rows = torch.nonzero(targets.cpu() == twice[0]).reshape(-1).tolist()
+            hint = (
+                f" Logical index {twice[0]} is at physical rows {at_rows[:8]}: the feeds whose "
+                "blocks hold those rows claim the same logical rows, as two hosts whose "
+                "InputDispatchers have the same physical_feed_index do. Give each host its "
+                "own physical_feed_index in [0, num_physical_feeds) (the default, "
+                "process_index(), does)."
+            )
+        raise ShardingError(
+            at(
+                where,
+                f"row targets must name every logical index in [0, {logical}) exactly "
+                f"once (-1 for padding); {n_bad} targets are out of range and logical indices "
+                f"{wrong[:8]}{' ...' if len(wrong) > 8 else ''} appear "
+                f"{[int(counts[i]) for i in wrong[:8]]} times.{hint}",
+            )
+        )
+
+
+def row_targets_to_indices(targets: torch.Tensor, logical: int) -> torch.Tensor:
+    """Gather indices ``[logical]`` from row targets ``[physical]`` (a whole value; in step).
 
     Row ``p`` holds logical example ``targets[p]`` (``-1``: padding), so ``index[targets[p]] =
     p``: one scatter of the row numbers into ``logical + 1`` slots, padding into the last one.
@@ -206,34 +305,6 @@ def row_targets_to_indices(
     targets = targets.to(torch.int64)
     rows = torch.arange(targets.shape[0], dtype=torch.int64, device=targets.device)
     slots = torch.where(targets >= 0, targets, torch.full_like(targets, logical))
-    if check:
-        bad = (targets < -1) | (targets >= logical)
-        counts = torch.zeros(logical + 1, dtype=torch.int64, device=targets.device).scatter_add(
-            0, torch.where(bad, torch.full_like(slots, logical), slots), torch.ones_like(rows)
-        )
-        counts, n_bad = counts[:logical].cpu(), int(bad.sum().cpu())
-        wrong = [int(i) for i in torch.nonzero(counts != 1).reshape(-1)]
-        if n_bad or wrong:
-            twice = [i for i in wrong if counts[i] > 1]
-            hint = ""
-            if twice:
-                at_rows = torch.nonzero(targets.cpu() == twice[0]).reshape(-1).tolist()
-                hint = (
-                    f" Logical index {twice[0]} is at physical rows {at_rows[:8]}: the feeds whose "
-                    "blocks hold those rows claim the same logical rows, as two hosts whose "
-                    "InputDispatchers have the same physical_feed_index do. Give each host its "
-                    "own physical_feed_index in [0, num_physical_feeds) (the default, "
-                    "process_index(), does)."
-                )
-            raise ShardingError(
-                at(
-                    where,
-                    f"row targets must name every logical index in [0, {logical}) exactly "
-                    f"once (-1 for padding); {n_bad} targets are out of range and logical indices "
-                    f"{wrong[:8]}{' ...' if len(wrong) > 8 else ''} appear "
-                    f"{[int(counts[i]) for i in wrong[:8]]} times.{hint}",
-                )
-            )
     index = torch.zeros(logical + 1, dtype=torch.int64, device=targets.device)
     return index.scatter(0, slots, rows)[:logical]
 
@@ -242,6 +313,7 @@ def key_to_indices(check: bool) -> ToIndices:
     """``dispatch_input_batch``'s key forms: one-hot ``[P, L]`` or gather indices ``[L]``."""
 
     def convert(key: torch.Tensor, where: str, physical: int) -> torch.Tensor:
+        key = whole_key(key)
         if key.dim() == 2:
             return onehot_to_indices(key, where, physical, check)
         if key.dim() == 1:
@@ -281,9 +353,11 @@ def dispatch_input_batch(
     whose ``physical_to_logical_batch`` does the same with a key that moves 8 bytes per row.
 
     Each dict (at any depth) holding the key is copied without it, and each of its other leaves
-    ``x`` becomes ``out[l] = x[p(l)]`` (``index_select`` along dim 0), constrained to
-    ``P(batch_axis_names)``. The key holds axlearn's one-hot ``[physical, logical]`` matrix or
-    integer gather indices ``[logical]``; both give the same result. Without a mesh (or on one
+    ``x`` becomes ``out[l] = x[p(l)]`` (a gather along dim 0), constrained to
+    ``P(batch_axis_names)`` (on torch_xla ``P()`` where those axes do not divide the logical
+    rows, as ``InputDispatcher.physical_to_logical_batch`` says, which also says how the rows
+    move as bits). The key holds axlearn's one-hot ``[physical, logical]`` matrix or integer
+    gather indices ``[logical]``; both give the same result. Without a mesh (or on one
     device) it works on plain tensors and only the constraints are skipped. ``input_batch`` is
     not modified.
 

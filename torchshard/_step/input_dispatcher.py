@@ -33,14 +33,22 @@ from torchshard._core.spec import PartitionSpec
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._mesh.context import current_topology
-from torchshard._place.host_data import MASKED_ARRAY, as_host_tensor, has_names, shape_dtype
+from torchshard._place.host_data import (
+    MASKED_ARRAY,
+    as_host_tensor,
+    has_names,
+    shape_dtype,
+    unwrapped,
+)
 from torchshard._step.dispatch import (
     PHYSICAL_TO_LOGICAL_DISPATCH_KEY,
+    RowTargets,
     ToIndices,
+    check_row_targets,
     dispatch_dicts,
     key_path,
     onehot_to_indices,
-    row_targets_to_indices,
+    whole_key,
 )
 
 _KEY = PHYSICAL_TO_LOGICAL_DISPATCH_KEY
@@ -56,6 +64,7 @@ def _host_leaf(x: Any, where: str) -> None:
                     f"a CPU tensor, but got a tensor on {x.device}.",
                 )
             )
+        unwrapped(x, where)  # raises for a tensor kept from inside vmap
         if x.layout is not torch.strided or has_names(x):
             as_host_tensor(x, where)  # raises: sparse and named tensors are not host arrays
     elif isinstance(x, np.ma.MaskedArray):
@@ -398,11 +407,28 @@ class InputDispatcher:
     ) -> Any:
         """The global logical batch: every dict holding the dispatch key (the root, for
         batches from ``logical_to_physical_batch``) loses it, and its other leaves keep the
-        logical rows, in logical order (``index_select``), constrained like the input.
+        logical rows, in logical order, split over the mesh's axes like the input.
 
         In step, on global tensors (or plain tensors without a mesh). The key may be this
         class's row targets ``[P]`` or axlearn's one-hot matrix ``[P, L]``.
-        ``global_physical_batch`` is not modified.
+        ``global_physical_batch`` is not modified. One compiled graph per mesh, shapes and
+        dtypes on torch_xla (nothing in the call reads values back, but the first call's
+        check, below).
+
+        The rows move as bits: floats and complex parts travel as integers of their width,
+        so -0.0, NaN payloads (quiet and signalling) and subnormals arrive as they left. On
+        torch_xla, row targets whose logical rows split evenly over the mesh move in one
+        reduce-scatter (each device scatters the rows it holds to their targets); a one-hot
+        key gathers (a masked gather and an all-reduce); DTensor gathers and reduce-scatters.
+        A leaf that requires grad (grad mode on) moves as floats, so that it stays
+        differentiable: the sum over devices turns -0.0 into 0.0 where no device holds -0.0,
+        quiets signalling NaNs, and may flush subnormals and rewrite half floats' NaN payloads
+        (docs/differences.md).
+
+        Where the mesh's devices do not divide the logical rows (4 rows on 8 devices), torch_xla
+        returns them replicated, ``P()``, by request: torch_xla 2.9 cannot keep such a split
+        as a step's output and would replicate them itself, through a reshard that adds
+        floats. DTensor keeps the uneven split (``Shard(0)``, the last ranks shorter).
 
         Args:
             global_physical_batch: the assembled physical batch.
@@ -439,7 +465,7 @@ class InputDispatcher:
     def _key_to_indices(self, check: bool) -> ToIndices:
         P, L = self._physical, self._logical
 
-        def convert(key: torch.Tensor, where: str, physical: int) -> torch.Tensor:
+        def convert(key: torch.Tensor, where: str, physical: int) -> torch.Tensor | RowTargets:
             if physical != P:
                 raise ShardingError(
                     at(
@@ -449,7 +475,7 @@ class InputDispatcher:
                     )
                 )
             if key.dim() == 2 and tuple(key.shape) == (P, L):
-                return onehot_to_indices(key, where, P, check)
+                return onehot_to_indices(whole_key(key), where, P, check)
             if key.dim() != 1 or key.shape[0] != P:
                 raise ShardingError(
                     at(
@@ -461,6 +487,10 @@ class InputDispatcher:
                 )
             if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
                 raise TypeError(at(where, f"row targets must be integers; got {key.dtype}."))
-            return row_targets_to_indices(key, L, where, check)
+            if not check:
+                return RowTargets(key, L)
+            whole = whole_key(key)
+            check_row_targets(whole, L, where)
+            return RowTargets(key, L, whole)
 
         return convert

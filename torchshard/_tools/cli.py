@@ -29,6 +29,7 @@ import importlib
 import math
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -54,6 +55,11 @@ MAX_THREADS = THREADS_PER_CORE * (os.cpu_count() or 1)
 # ``demo --backend dtensor`` and the lab's ``dtensor_loader`` start one gloo process per device,
 # each a Python with torch (about 300 MB, seconds to start): 512 of them would not fit a laptop.
 MAX_GLOO_PROCESSES = 32
+# ``demo --workers`` starts that many DataLoader worker processes, each a Python with torch: as
+# ``--threads``, at most this many per core (100,000 would start 100,000 interpreters).
+MAX_DEMO_WORKERS = THREADS_PER_CORE * (os.cpu_count() or 1)
+# ``demo --seed`` seeds numpy's generator (no negative seed) and torch's (64 bits).
+MAX_SEED = 2**63 - 1
 # The XLA demo trains with autograd, and torch's autograd engine keeps its per-device queues
 # under a c10::DeviceIndex (int8): on 128 or more devices backward() fails an INTERNAL ASSERT
 # (measured: 127 trains, 128 and 512 do not). The benches use no autograd and run on 512.
@@ -84,6 +90,26 @@ def writing(what: str) -> Any:
         raise OutputError(f"could not write {what}: {e.strerror or e}") from None
 
 
+@contextlib.contextmanager
+def printing() -> Any:
+    """The command's output on standard output, flushed at the end: an ``OSError`` writing it
+    (its reader closed the pipe, ``| head``; a full device) is an ``OutputError``, and standard
+    output then goes to ``/dev/null``, so that the interpreter's last flush is quiet."""
+    try:
+        yield
+        sys.stdout.flush()
+    except OSError as e:
+        why = e.strerror or str(e)
+        if isinstance(e, BrokenPipeError):
+            why += " (its reader closed it before the end, as `| head` does)"
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no fd: nothing to flush
+            fd = sys.stdout.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        raise OutputError(f"could not write standard output: {why}") from None
+
+
 # -- argument types -------------------------------------------------------------------------
 
 
@@ -107,6 +133,25 @@ def _count(option: str, minimum: int = 1, maximum: int | None = None, why: str =
         return value
 
     parse.__name__ = option  # argparse names the option's type in its messages
+    return parse
+
+
+def _finite(option: str, minimum: float) -> Any:
+    """A float option that must be finite and at least ``minimum`` (``nan``, ``inf`` and
+    ``-1`` are floats to Python, and no learning rate)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= minimum):
+            raise argparse.ArgumentTypeError(
+                f"expected a finite number >= {minimum:g}, but got {text!r}"
+            )
+        return value
+
+    parse.__name__ = option
     return parse
 
 
@@ -183,12 +228,14 @@ def _spec_error(text: str, why: str) -> argparse.ArgumentTypeError:
     )
 
 
-_NEGATIVE = re.compile(r"-\d[\d,.]*")
+# A negative value: ``-16,8``, ``-1e-3``, ``-inf`` (argparse takes these for option names).
+_NEGATIVE = re.compile(r"-(?:\d[\d,.]*(?:[eE][-+]?\d+)?|inf|infinity|nan)", re.IGNORECASE)
 
 
 def _join_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--shape -16,8`` -> ``--shape=-16,8``: argparse takes ``-16,8`` for an option name
-    and reports a missing value; joined, the value reaches the option's check, which names it.
+    """``--shape -16,8`` -> ``--shape=-16,8`` (``--lr -1e-3``, ``--lr -inf``): argparse takes
+    ``-16,8`` for an option name and reports a missing value; joined, the value reaches the
+    option's check, which names it.
     """
     takes_value: set[str] = set()
     parsers = [parser]
@@ -220,13 +267,27 @@ def check_output_path(path: str, *, overwrite: bool = True) -> None:
     existed = os.path.exists(path)
     if existed and not overwrite:
         raise UsageError(f"{path} exists; pass --overwrite to replace it, or give another path")
+    regular = not existed or stat.S_ISREG(os.stat(path).st_mode)  # not /dev/null, a pipe
     try:
-        with open(path, "ab"):
-            pass
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            # Writes nothing to a file, a pipe or a terminal; a device that refuses every write
+            # refuses this one too (/dev/full: ENOSPC), before the run rather than after it.
+            os.write(fd, b"")
+            disk = os.fstatvfs(fd)
+        finally:
+            os.close(fd)
     except OSError as e:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.remove(path)
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     if not existed:
         os.remove(path)
+    if regular and disk.f_blocks and not disk.f_bavail:
+        raise UsageError(
+            f"cannot write {path}: the file system holding {folder} is full (0 bytes available)"
+        )
 
 
 # -- the commands ---------------------------------------------------------------------------
@@ -294,15 +355,18 @@ def _bench(args: argparse.Namespace) -> int:
             importlib.import_module(benches.BENCHES[bench_name]).run(report)
             report.meta["seconds"][bench_name] = round(time.perf_counter() - t0, 1)
             progress.advance()
-    print_tables(report, plain=args.plain)
+    # The files first: a reader that closed standard output loses the tables, not the JSON.
     if args.json:
         with writing(args.json):
             report.write_json(args.json)
-        print(f"wrote {args.json}")
     if plot is not None:
         with writing(plot_path):
             plot.plot_sweep(report, plot_path)
-        print(f"wrote {plot_path}")
+    with printing():
+        print_tables(report, plain=args.plain)
+        for path in (args.json, plot_path if plot is not None else None):
+            if path:
+                print(f"wrote {path}")
     return verdict(report, strict=args.strict)
 
 
@@ -390,18 +454,21 @@ def _layout(args: argparse.Namespace) -> int:
 
     mesh = ts.Mesh(np.arange(devices).reshape(args.mesh), args.axes)
     layout = ts.describe_layout(mesh, args.spec, args.shape, num_hosts=args.hosts)
-    ts.visualize_sharding(layout, use_rich=False if args.plain else None)
+    with printing():
+        ts.visualize_sharding(layout, use_rich=False if args.plain else None)
     if args.png:
         with writing(args.png):
             layout.save_png(args.png)
-        print(f"wrote {args.png}")
+        with printing():
+            print(f"wrote {args.png}")
     return 0
 
 
 def check_demo_devices(args: argparse.Namespace) -> None:
     """Raises ``UsageError`` (before any device starts) when ``demo``'s ``--devices``,
-    ``--hosts`` and ``--batch`` cannot run together: hosts that do not divide the devices
-    (``--hosts 8 --devices 4``), a batch that does not split evenly, more gloo processes than
+    ``--hosts``, ``--batch`` and ``--workers`` cannot run together: hosts that do not divide
+    the devices (``--hosts 8 --devices 4``), a batch that does not split evenly or whose data
+    would not fit (``_demo_common.MAX_DATA_BYTES``), more gloo processes than
     ``MAX_GLOO_PROCESSES`` or more XLA devices than ``MAX_XLA_DEMO_DEVICES``."""
     from torchshard._tools.demo import check_sizes, default_batch
 
@@ -418,7 +485,7 @@ def check_demo_devices(args: argparse.Namespace) -> None:
             f"--devices {MAX_XLA_DEMO_DEVICES} or fewer (bench runs on more)"
         )
     batch = default_batch(args.devices) if args.batch is None else args.batch
-    why = check_sizes(args.devices, args.hosts, batch, backend=args.backend)
+    why = check_sizes(args.devices, args.hosts, batch, backend=args.backend, workers=args.workers)
     if why:
         raise UsageError(why)
 
@@ -543,12 +610,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--workers",
-        type=_count("workers", 0),
+        type=_count(
+            "workers", 0, maximum=MAX_DEMO_WORKERS, why=f"{THREADS_PER_CORE} processes per core"
+        ),
         default=2,
         help="DataLoader worker processes in all (default 2)",
     )
-    demo.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--lr", type=_finite("lr", 0.0), default=3e-3, help="Adam learning rate (default 3e-3)"
+    )
+    demo.add_argument(
+        "--seed",
+        type=_count("seed", 0, maximum=MAX_SEED, why="numpy's and torch's seeds are 64-bit"),
+        default=0,
+        help="the data's and the model's seed (default 0)",
+    )
     demo.add_argument(
         "--backend",
         choices=["auto", "xla", "dtensor"],

@@ -22,6 +22,7 @@ it), and forking a process whose XLA runtime threads are live is avoided.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -31,12 +32,18 @@ import torch
 
 from torchshard._tools._demo_common import (
     CLASSES,
+    EXAMPLE_BYTES,
     FEATURES,
+    MAX_DATA_BYTES,
+    MIN_JUDGED_STEPS,
+    STEPS_PER_EPOCH,
     Result,
     SyntheticClassification,
     _input_wait,
     _mean,
     check_worker,
+    data_copies,
+    data_size,
     host_loader,
     mesh_shape,
     mlp,
@@ -74,8 +81,7 @@ def train(
 
     torch.manual_seed(seed)
     mesh = ts.create_device_mesh(mesh_shape(device_count()), ("data", "model"))
-    steps_per_epoch = 64
-    dataset = SyntheticClassification(steps_per_epoch * batch_size, seed=seed)
+    dataset = SyntheticClassification(STEPS_PER_EPOCH * batch_size, seed=seed)
     per_host = batch_size // hosts
 
     def feed(h: int) -> dict[str, int]:
@@ -165,9 +171,24 @@ def default_batch(devices: int) -> int:
     return max(1, -(-256 // devices)) * devices
 
 
-def check_sizes(devices: int, hosts: int, batch: int, *, backend: str) -> str | None:
-    """Why ``hosts`` and ``batch`` cannot run on ``devices`` devices (or gloo processes), in
-    one line naming the options; ``None`` when they can."""
+def check_sizes(
+    devices: int, hosts: int, batch: int, *, backend: str, workers: int = 0
+) -> str | None:
+    """Why ``hosts`` and ``batch`` cannot run on ``devices`` devices (or gloo processes) with
+    ``workers`` DataLoader workers, in one line naming the options; ``None`` when they can."""
+    copies, who = data_copies(devices, hosts, workers, backend=backend)
+    per_copy = STEPS_PER_EPOCH * batch * EXAMPLE_BYTES
+    if copies * per_copy > MAX_DATA_BYTES:
+        most = MAX_DATA_BYTES // (copies * STEPS_PER_EPOCH * EXAMPLE_BYTES) // devices * devices
+        fix = f"pass --batch {most:,} or less" if most else "pass fewer --workers"
+        if most and workers:
+            fix += " (or fewer --workers)"
+        return (
+            f"--batch {batch}: the demo's dataset is {STEPS_PER_EPOCH} batches of "
+            f"{EXAMPLE_BYTES}-byte examples, {data_size(per_copy)}, held by {who}: "
+            f"{data_size(copies * per_copy)} in all, above the demo's bound of "
+            f"{data_size(MAX_DATA_BYTES)}; {fix}"
+        )
     if backend == "dtensor":
         if hosts != 1:
             return (
@@ -199,7 +220,8 @@ def resolve_backend(name: str) -> str:
 
 
 def main(args: Any) -> int:
-    """The ``demo`` subcommand; exits non-zero when the loss does not fall."""
+    """The ``demo`` subcommand; exits non-zero when the loss does not fall. Runs of fewer than
+    ``MIN_JUDGED_STEPS`` steps are not judged (their losses are no evidence either way)."""
     if args.steps < 2:
         print("demo: --steps must be at least 2", file=sys.stderr)
         return 2
@@ -207,7 +229,7 @@ def main(args: Any) -> int:
     # the gloo processes are --devices; torch_xla's devices are the runtime's (a TPU's chips)
     devices = args.devices if backend == "dtensor" else device_count()
     batch = default_batch(devices) if args.batch is None else args.batch
-    why = check_sizes(devices, args.hosts, batch, backend=backend)
+    why = check_sizes(devices, args.hosts, batch, backend=backend, workers=args.workers)
     if why:
         print(f"demo: {why}", file=sys.stderr)
         return 2
@@ -234,13 +256,33 @@ def main(args: Any) -> int:
             log=lambda msg: print(msg, flush=True),
         )
         warmup = "compilation"
+    wait = r.input_wait_fraction
     print(
         f"loss {r.first_loss:.4f} -> {r.last_loss:.4f} (mean of the first and last steps); "
         f"{r.steps_per_second:.1f} steps/s, {r.examples_per_second:,.0f} examples/s after "
-        f"{r.warmup_seconds:.1f} s of {warmup}; input wait {r.input_wait_fraction:.1%} of "
-        f"step time after each epoch's first batch (loader.stats; {r.warmup_wait_seconds:.1f} s "
-        "waited for those: the DataLoader workers' start)"
+        f"{r.warmup_seconds:.1f} s of {warmup}; "
+        + (
+            f"input wait {wait:.1%} of step time after each epoch's first batch"
+            if math.isfinite(wait)
+            else "input wait not measured, as no step ended after an epoch's first batch"
+        )
+        + f" (loader.stats; {r.warmup_wait_seconds:.1f} s waited for those: the DataLoader "
+        "workers' start)"
     )
+    if args.steps < MIN_JUDGED_STEPS:
+        print(
+            f"not judged: {args.steps} steps are too few to tell whether the loss falls (over "
+            "so few, it moves by chance as much as by learning); pass --steps "
+            f"{MIN_JUDGED_STEPS} or more for a verdict (the default is 300)"
+        )
+        return 0
+    if not math.isfinite(r.last_loss):
+        print(
+            f"FAILED: the loss is {r.last_loss} (the training diverged; --lr {args.lr:g} may "
+            "be too large)",
+            file=sys.stderr,
+        )
+        return 1
     if not r.loss_fell:
         print("FAILED: the loss did not fall", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from torchshard._tools._demo_common import (
+    STEPS_PER_EPOCH,
     Result,
     SyntheticClassification,
     _input_wait,
@@ -89,8 +90,7 @@ def _train_rank(rank: int, s: Settings, results: Any) -> None:
     ts.set_agreement_check(s.agreement_check)
     torch.manual_seed(s.seed)
     mesh = ts.create_device_mesh(mesh_shape(s.processes), ("data", "model"), backend="dtensor")
-    steps_per_epoch = 64
-    dataset = SyntheticClassification(steps_per_epoch * s.batch_size, seed=s.seed)
+    dataset = SyntheticClassification(STEPS_PER_EPOCH * s.batch_size, seed=s.seed)
     per_process = s.batch_size // s.processes
     with mesh:  # the feed from the mesh: the shard of the rows this process holds
         sampler = ts.host_sampler(dataset, ts.input_partition_spec(), seed=s.seed)
@@ -174,9 +174,8 @@ def train(
     s = Settings(processes, steps, batch_size, workers, lr, seed, agreement_check, quiet)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.SimpleQueue()
-    # A TCPStore (rank 0 serves it), as torchrun gives: torchshard's exchanges wait on the
-    # default group's store, and a FileStore (``file://``) answers a waiting get by polling
-    # every 10 ms, which made each batch's exchange wait ~10 ms (9.9 % input wait, check on).
+    # A TCPStore (rank 0 serves it), as torchrun gives; torchshard's exchanges use it only to
+    # set up their own connections.
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         init_method = f"tcp://127.0.0.1:{free.getsockname()[1]}"

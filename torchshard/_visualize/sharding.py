@@ -10,6 +10,8 @@ and the grid maths are the pure core's (``torchshard._core.layout``).
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Sequence
 from typing import IO, Any
@@ -73,7 +75,13 @@ def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(file=file, width=None if file.isatty() else 160, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own ends the process (SystemExit(1), stdout moved to /dev/null): a library
+            # function raises, and the caller decides (the CLI says so in one line).
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    console = _Console(file=file, width=None if file.isatty() else 160, highlight=False)
     g = grid(layout)
     table = Table(box=box.SQUARE, show_lines=g is not None)
 

@@ -4,20 +4,26 @@
   (``host_sampler`` -> ``HostSampler``: the shard of a map-style dataset this process reads,
   from the mesh), ``_stream_shard.py`` (``stream_shard``: the shard of a stream a process, and
   a DataLoader worker inside it, reads), ``_collate.py`` (``sharded_collate``: the DataLoader's
-  own collate making global batches, ``num_workers=0``).
+  own collate making global batches, ``num_workers=0``), ``_packer.py`` (``Packer``: documents
+  packed into fixed-length rows, a source with its own state), ``_cp_rows.py``
+  (``context_parallel_rows``: each process's part of packed rows, in a context-parallel order
+  that respects their documents).
 - The loader's wing, ``_loader/`` (``GlobalBatchLoader``: host batches from any of them ->
   global sharded batches, prefetched; its map is ``_loader/__init__.py``).
 
 The feeders import nothing of the wing. Public names: ``GlobalBatchLoader``, ``LoaderStats``,
-``host_sampler``, ``HostSampler``, ``sharded_collate``, ``stream_shard``.
+``host_sampler``, ``HostSampler``, ``Packer``, ``context_parallel_rows``, ``sharded_collate``,
+``stream_shard``.
 """
 
 import warnings as _warnings
 from typing import Any as _Any
 
 from torchshard.data._collate import sharded_collate as sharded_collate
+from torchshard.data._cp_rows import context_parallel_rows as context_parallel_rows
 from torchshard.data._loader.loader import GlobalBatchLoader as GlobalBatchLoader
 from torchshard.data._loader.stats import LoaderStats as LoaderStats
+from torchshard.data._packer import Packer as Packer
 from torchshard.data._sampler import HostSampler as HostSampler
 from torchshard.data._sampler import host_sampler as host_sampler
 from torchshard.data._stream_shard import stream_shard as stream_shard
@@ -26,6 +32,8 @@ __all__ = [
     "GlobalBatchLoader",
     "HostSampler",
     "LoaderStats",
+    "Packer",
+    "context_parallel_rows",
     "host_sampler",
     "sharded_collate",
     "stream_shard",

@@ -8,15 +8,20 @@ a model axis, get the same feed), times the DataLoader's workers inside a worker
 DataLoader workers are other processes: they have no current mesh, and asking the runtime for
 the topology there would start it in the worker. So the process side is recorded for them in
 the environment (``WORKER_RECORD``): by ``stream_shard`` and by ``GlobalBatchLoader.__iter__``,
-in the main process, before the workers start (workers inherit it, whatever their start method;
-with ``forkserver`` the server must start after it, which it does at the first DataLoader that
-starts workers).
+in the main process, before the workers start. Workers started by ``fork`` or ``spawn`` inherit
+the main process's environment as it is then; those started by ``forkserver`` inherit the
+server's, taken when the server started (at the first DataLoader that started workers), so a
+later loader's workers would read an earlier loader's record (another host's shard, another
+mesh). ``GlobalBatchLoader`` therefore also hands the record to its sources' workers itself, in
+their ``worker_init_fn`` (``workers_recorded``), whatever their start method.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,6 +70,51 @@ def record_for_workers(
             "device_process": list(topology.device_process),
         }
     )
+
+
+class WorkerInit:
+    """A DataLoader's ``worker_init_fn`` that leaves the main process's record (``record``) in
+    the worker's environment, then calls the source's own ``worker_init_fn`` (``inner``), if
+    any. Picklable (``spawn`` and ``forkserver`` pickle it into each worker)."""
+
+    def __init__(self, record: str, inner: Callable[[int], Any] | None) -> None:
+        self.record = record
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        os.environ[WORKER_RECORD] = self.record
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+@contextlib.contextmanager
+def workers_recorded(source: Any) -> Iterator[None]:
+    """While ``iter(source)`` starts a DataLoader's worker processes, its ``worker_init_fn``
+    hands them the record made last in this process (``record_for_workers``): a ``forkserver``
+    worker inherits the server's environment, not this process's record. The source's own
+    ``worker_init_fn`` still runs, after; it is put back afterwards."""
+    record = os.environ.get(WORKER_RECORD)
+    workers = getattr(source, "num_workers", 0)
+    if (
+        not record
+        or isinstance(workers, bool)
+        or not isinstance(workers, int)
+        or workers < 1
+        or not hasattr(source, "worker_init_fn")
+    ):
+        yield
+        return
+    original = source.worker_init_fn
+    inner = original.inner if isinstance(original, WorkerInit) else original
+    try:
+        source.worker_init_fn = WorkerInit(record, inner)
+    except (AttributeError, TypeError, ValueError):  # a source that does not let it be set
+        yield
+        return
+    try:
+        yield
+    finally:
+        source.worker_init_fn = original
 
 
 def _recorded() -> tuple[MeshValue, int, tuple[int, ...]] | None:

@@ -8,7 +8,9 @@ torchtitan's own loader keys its state by dp rank. The loader made here is a tor
 ``ParallelDims``, ranks in torchtitan's order), yields local tensors (``local=True``: the
 checks and the agreement between processes run on the global batch), and keys its state by dp
 rank (``{"dp_rank_<r>": ..., "world_size": dp}``, where ``r`` is this process's shard of the
-batch: the processes that share a block share its state).
+batch: the processes that share a block share its state). torch.distributed.checkpoint keeps one
+value per key, the state of one of the processes of each dp rank (its tp and cp peers read the
+same examples): each peer resumes from it.
 
 torchtitan is imported on first use.
 """
@@ -103,9 +105,33 @@ def _loader_class() -> type:
                     f"{saved} dp shards, this loader has {self.dp_world_size}; resuming on "
                     "another dp degree is not supported by this state layout."
                 )
-            self.loader.load_state_dict(pickle.loads(state_dict[self._rank_id]))
+            where = f"TorchshardDataLoader.load_state_dict: state_dict[{self._rank_id!r}]"
+            try:
+                state = pickle.loads(state_dict[self._rank_id])
+            except Exception as e:  # truncated, garbage, or a class that no longer imports
+                raise ValueError(
+                    f"{where}: expected the pickled state of a GlobalBatchLoader, but it does "
+                    f"not unpickle ({type(e).__name__}: {e}); the checkpoint is truncated or "
+                    "corrupt. Load a complete checkpoint that this loader's state_dict() saved."
+                ) from e
+            self.loader.load_state_dict(_peers_entry(state, self.loader._where()[0]))
 
     return TorchshardDataLoader
+
+
+def _peers_entry(state: Any, process: int) -> Any:
+    """A ``GlobalBatchLoader`` state under a dp rank's key, made this process's own: the key
+    holds the state of whichever process of the dp rank torch.distributed.checkpoint kept
+    (every process of a dp rank writes it, the checkpoint keeps one), whose entry is named for
+    that process (``process_<p>``). The processes of one dp rank read the same examples, so
+    each resumes from it (``process``: this process's index)."""
+    if not isinstance(state, dict):
+        return state  # GlobalBatchLoader.load_state_dict names what is wrong
+    mine = f"process_{process}"
+    entries = [k for k in state if isinstance(k, str) and k.startswith("process_")]
+    if mine in state or len(entries) != 1:
+        return state
+    return {mine: state[entries[0]], **{k: v for k, v in state.items() if k != entries[0]}}
 
 
 def dataloader(

@@ -20,15 +20,17 @@ def global_batch_loader_per_host(
     prefetch: int = 2,
     prefetch_bytes: int | None = None,
     last_batch: str = "error",
+    batch_leaf: Any = None,
+    allow_equal_batches: bool = False,
 ) -> GlobalBatchLoader:
     """A ``GlobalBatchLoader`` that plays every host of ``virtual_hosts(n)``.
 
     Each step takes one batch from every host's source (``loaders[h]`` is host ``h``'s, with
     its own ``dispatchers[h]``) and assembles them as ``host_to_global_array_per_host`` does,
     through the same engine as the real path. Everything else (prefetching, order, errors, stats,
-    ``last_batch`` across the hosts' sources, ``state_dict`` with
-    ``{"process_0": {"sources": [...], ...}, ...}``) is ``GlobalBatchLoader``'s. ``iter()`` must run
-    inside ``virtual_hosts(len(loaders))``.
+    ``last_batch``, ``batch_leaf`` and ``allow_equal_batches`` across the hosts' sources,
+    ``len()``, ``state_dict`` with ``{"process_0": {"sources": [...], ...}, ...}``) is
+    ``GlobalBatchLoader``'s. ``iter()`` must run inside ``virtual_hosts(len(loaders))``.
 
     Example (2 hosts, 4 rows from each per step):
         >>> from torch.utils.data import DataLoader
@@ -58,4 +60,6 @@ def global_batch_loader_per_host(
         prefetch=prefetch,
         prefetch_bytes=prefetch_bytes,
         last_batch=last_batch,
+        batch_leaf=batch_leaf,
+        allow_equal_batches=allow_equal_batches,
     )

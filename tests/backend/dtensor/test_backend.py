@@ -162,6 +162,15 @@ _STRUCT_MSG = (
 )
 
 
+def test_a_rank_whose_block_is_the_whole_value_still_gathers_with_the_others(pools):
+    """replicate_to_local_data of one row over 4 ranks: rank 0 holds it all, yet it takes the
+    others' path (a gather), or they would wait for it until the timeout."""
+    results = pools(4).run("uneven_readback")
+    assert [r["held"] for r in results] == [1, 0, 0, 0]
+    for r in results:
+        assert torch.equal(r["full"], r["expected"])
+
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize(
     ("kind", "message"),

@@ -57,6 +57,29 @@ def test_the_checksum_compares_bit_patterns():
     assert checks._checksum(torch.ones(2, requires_grad=True)) == checks._checksum(torch.ones(2))
 
 
+def test_the_checksum_of_a_lazy_view_is_that_of_its_values():
+    """Before: ``_checksum`` of ``x.conj()`` raised torch's "torch.Tensor.view is not
+    supported for conjugate view tensors when converting to a different dtype"."""
+    z = torch.tensor([1 + 2j, -0.0 - 3j])
+    assert checks._checksum(z.conj()) == checks._checksum(z.conj().resolve_conj())
+    assert checks._checksum(z.conj()) != checks._checksum(z)
+    n = torch.tensor([1.0, -0.0])
+    assert checks._checksum(torch._neg_view(n)) == checks._checksum(-n)
+
+
+def test_a_conjugate_view_of_a_dtensor_reads_back_and_passes_the_value_check(pools):
+    """``x.conj()`` of a complex DTensor: read back, gathered and resharded with its values;
+    passed again to ``host_to_global_array`` with the value check on, it failed inside torch
+    (the checksum viewed the lazy view's bytes)."""
+    for rank, r in enumerate(pools(2).run("conj_views")):
+        assert r["is_conj"] == (True, True)
+        expected = r["expected"]
+        assert torch.equal(r["back"], expected[2 * rank : 2 * rank + 2])
+        assert torch.equal(r["again"], expected[2 * rank : 2 * rank + 2])
+        assert torch.equal(r["full"], expected) and torch.equal(r["resharded"], expected)
+        assert not any(r[k].is_conj() for k in ("back", "again", "full", "resharded"))
+
+
 def test_processes_in_different_calls_with_alike_inputs_are_out_of_step(pools):
     """Before, a ``host_to_global_array`` on one rank and a loader batch of the same shapes on
     the other passed the check (their descriptions are alike). The processes stay in step."""

@@ -5,12 +5,13 @@ root, the depth is the longest path; hosts' ranks hang off their leader."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchshard._backend.exchange.tree import TreeShape, children_of, depth, parent_of
 
 
+@settings(deadline=None)
 @given(st.integers(1, 300), st.integers(2, 16), st.sampled_from([1, 2, 4, 8]))
 def test_parents_and_children_agree_and_reach_the_root(hosts, fanout, local):
     world = hosts * local

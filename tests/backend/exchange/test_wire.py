@@ -27,3 +27,20 @@ def test_what_is_not_a_frame_is_refused():
         Reader().feed(struct.pack("!I", 2) + b"{}")
     with pytest.raises(ProtocolError, match="the limit"):
         Reader().feed(struct.pack("!I", MAX_FRAME + 1))
+
+
+def test_an_agree_value_packs_and_unpacks_to_the_same_frame():
+    value = {
+        "K": "agree",
+        "g": [["call 3", "-42", [0, 3, 5, 9, 1]]],
+        "s": [4, 1],
+        "lo": [0, 0],
+        "hi": [4, 1],
+    }
+    for kind in ("U", "D"):
+        message = [kind, "main.loader2", 7, 1, value]
+        frame = encode(message)
+        assert frame[4] == 1  # packed, not JSON
+        assert Reader().feed(frame) == [message]
+    two = dict(value, g=[*value["g"], ["call 3", "7", [4, 4, 0]]])
+    assert encode(["U", "c", 1, 0, two])[4:5] == b"["  # two groups: JSON

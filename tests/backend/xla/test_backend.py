@@ -219,6 +219,37 @@ def test_a_sharded_leaf_of_rank_6_or_more_is_refused(shape, rank):
         np.testing.assert_array_equal(ts.global_to_host_array(g).numpy(), x5)
 
 
+@pytest.mark.parametrize(
+    ("how", "path"),
+    [("loader", "batch['x']"), ("pad", "batch['x']"), ("per-host", "host_batches[0]['x']")],
+)
+def test_a_rank_6_leaf_through_a_loader_is_refused_naming_the_batch(how, path):
+    """The refusal reaches the loader's user with its message, naming the leaf as the
+    loader's batch (before: ``host_arrays['x']``, an argument the user never passed, or
+    ``host_arrays[0]['x']`` under ``last_batch="pad"``)."""
+    mesh = ts.Mesh(np.arange(8), ("data",))
+    source = [{"x": np.zeros((8, 1, 1, 1, 1, 2), np.float32), "y": np.zeros(8, np.int64)}]
+    message = (
+        f"{path}: torch_xla shards arrays of rank up to 5, but this one has rank 6 and is split "
+        "over mesh axes ['data']"
+    )
+    with mesh:
+        if how == "per-host":
+            with virtual_hosts(2):
+                halves = [[{k: v[4 * h : 4 * h + 4] for k, v in source[0].items()}] for h in (0, 1)]
+                loader = global_batch_loader_per_host(halves, partition=ts.P("data"))
+                with pytest.raises(ts.errors.ShardingError, match=re.escape(message)) as info:
+                    next(iter(loader))
+        else:
+            loader = ts.GlobalBatchLoader(
+                source, partition=ts.P("data"), last_batch="pad" if how == "pad" else "error"
+            )
+            with pytest.raises(ts.errors.ShardingError, match=re.escape(message)) as info:
+                next(iter(loader))
+        loader.close()
+    assert any("at batch 0" in note for note in info.value.__notes__)  # where it was raised
+
+
 def test_torch_xla_still_corrupts_a_rank_6_tile_assignment():
     """The upstream behaviour the refusal above works around (torch_xla 2.9.0,
     xla_sharding_util.cpp: "tile_assignment ranks > 5"): the sharding built for a rank-6

@@ -48,7 +48,7 @@ def test_inconsistent_structure_names_the_batch(mesh42):
 def test_indivisible_batch_names_the_dispatcher_setting(mesh42):
     it = iter(ts.GlobalBatchLoader([{"x": np.ones((6, 2), np.float32)}]))
     msg = (
-        "GlobalBatchLoader: batch 0: host_arrays['x']: dim 0 has size 6, not divisible by 8 "
+        "GlobalBatchLoader: batch 0: batch['x']: dim 0 has size 6, not divisible by 8 "
         "(axes ('data', 'model') of P(('data', 'model'),) on mesh {'data': 4, 'model': 2}); "
         "global shape (6, 2). Pad the batch to a multiple, or use torchshard.InputDispatcher to "
         "pad and drop the padding in the step.\n"
@@ -69,7 +69,7 @@ def test_indivisible_feature_dim_keeps_the_original_message(mesh42):
     with pytest.raises(ts.errors.IndivisibleError) as info:
         next(it)
     assert str(info.value) == (
-        "GlobalBatchLoader: batch 0: host_arrays['x']: dim 1 has size 3, not divisible by 2 "
+        "GlobalBatchLoader: batch 0: batch['x']: dim 1 has size 3, not divisible by 2 "
         "(axes ('model',) of P(None, 'model') on mesh {'data': 4, 'model': 2}); global shape "
         "(8, 3). Pad the batch to a multiple, or use torchshard.InputDispatcher to pad and drop "
         "the padding in the step."

@@ -205,6 +205,7 @@ def test_the_layout_has_a_process_entry_and_a_common_one(mesh8):
         "num_examples": None,
         "seed": None,
         "shuffle": None,
+        "shards": None,
     }
     loader.close()
 
@@ -215,7 +216,7 @@ def test_a_host_sampler_position_is_in_the_common_entry(mesh8):
     next(it), next(it)
     common = loader.state_dict()["common"]
     assert (common["epoch"], common["consumed"], common["num_examples"]) == (0, 16, 64)
-    assert (common["seed"], common["shuffle"]) == (3, True)
+    assert (common["seed"], common["shuffle"], common["shards"]) == (3, True, 1)
     loader.close()
 
 
@@ -277,6 +278,128 @@ def test_a_stream_saved_on_more_hosts_cannot_be_split_again(mesh8):
         )
         with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
             loader.load_state_dict(state)
+
+
+def test_a_position_beyond_the_dataset_is_refused(mesh8):
+    """consumed 10**6 of 64: not an empty epoch, an error naming the key."""
+    loader = sampled(0)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    state["common"]["consumed"] = 10**6
+    msg = (
+        "state_dict['common']['consumed']: expected at most the epoch's 64 examples "
+        "(num_examples) consumed, but got 1000000; the position lies beyond the dataset, so the "
+        "state is corrupt or was edited. Load the state that GlobalBatchLoader.state_dict() saved."
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(msg)}$"):
+        sampled(0).load_state_dict(state)
+
+
+@pytest.mark.parametrize("blob", [b"garbage", "truncated"])
+def test_a_corrupt_source_state_names_its_path(mesh8, blob):
+    with virtual_hosts(2):
+        sources = [StatefulDataLoader(Rows(64), batch_size=4) for _ in range(2)]
+        loader = global_batch_loader_per_host(sources, partition=ts.P("data"))
+        next(iter(loader))
+        state = loader.state_dict()
+        loader.close()
+        saved = state["process_0"]["sources"][1]
+        bad = saved[:20] if blob == "truncated" else blob
+        state["process_0"]["sources"][1] = bad
+        fresh = [StatefulDataLoader(Rows(64), batch_size=4) for _ in range(2)]
+        msg = (
+            "state_dict['process_0']['sources'][1]: expected a source's state as "
+            f"GlobalBatchLoader.state_dict() saved it, but its {len(bad)} bytes do not unpickle "
+            "(UnpicklingError: "
+        )
+        with pytest.raises(ValueError, match=f"^{re.escape(msg)}") as info:
+            global_batch_loader_per_host(fresh, partition=ts.P("data")).load_state_dict(state)
+        assert isinstance(info.value.__cause__, pickle.UnpicklingError)
+
+
+@pytest.mark.parametrize("kind", [DataLoader, StatefulDataLoader])
+def test_a_break_then_set_epoch_saves_the_new_epochs_start(mesh8, kind):
+    """Epoch 0 broken off after 3 batches, then set_epoch(1): the state is epoch 1 from its
+    start, and a resume yields exactly the uninterrupted epoch 1."""
+
+    def make():
+        data = Rows(64)
+        sampler = ts.host_sampler(data, {"num_shards": 1, "shard_index": 0}, seed=3)
+        source = kind(data, batch_size=8, sampler=sampler)
+        return ts.GlobalBatchLoader(source, partition=ts.P("data"))
+
+    reference = make()
+    reference.set_epoch(1)
+    epoch1 = [ids(b) for b in reference]
+    loader = make()
+    loader.set_epoch(0)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert loader.state_dict()["common"]["consumed"] == 24  # mid-epoch 0: resumable there
+    loader.set_epoch(1)
+    state = loader.state_dict()
+    assert (state["common"]["epoch"], state["common"]["consumed"]) == (1, 0)
+    assert process_entry(state)["next_batch"] == 0
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert [ids(b) for b in resumed] == epoch1
+    again = make()  # the same set_epoch(1) without a break keeps the position of epoch 1
+    again.set_epoch(1)
+    it = iter(again)
+    next(it)
+    again.set_epoch(1)
+    assert again.state_dict()["common"]["consumed"] == 8
+    again.close()
+
+
+def _feeds(mesh, spec, stateful):
+    """4 virtual hosts' sources over host_sampler(spec) on ``mesh``: their shards and feeds."""
+    kind = StatefulDataLoader if stateful else DataLoader
+    sources = []
+    for h in range(4):
+        with virtual_hosts(4, process_index=h), mesh:
+            sampler = ts.host_sampler(Rows(64), spec, shuffle=False)
+        sources.append(kind(Rows(64), batch_size=2, sampler=sampler))
+    return global_batch_loader_per_host(sources, partition=spec)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_the_same_host_count_on_a_new_layout_resumes_by_example(mesh8, stateful):
+    """(dp 2 x tp 4) -> (data 8), 4 hosts both times (the issue: dp 2 x tp 6 -> data 12 on 12
+    processes): 2 shards become 4; the position in the epoch's order carries over, the
+    per-host sampler states (of 2 shards) are not loaded."""
+    old = ts.Mesh(np.arange(8).reshape(2, 4), ("dp", "tp"))
+    new = ts.Mesh(np.arange(8), ("data",))
+    with virtual_hosts(4), old:
+        loader = _feeds(old, ts.P("dp"), stateful)
+        it = iter(loader)
+        taken = [ids(next(it)) for _ in range(2)]
+        state = loader.state_dict()
+        loader.close()
+    assert state["common"]["shards"] == 2 and state["common"]["consumed"] == 8
+    with virtual_hosts(4), new:
+        resumed = _feeds(new, ts.P("data"), stateful)
+        resumed.load_state_dict(state)
+        rest = [ids(b) for b in resumed]
+    seen = sorted(i for b in taken + rest for i in b)
+    assert seen == list(range(64))  # every example once, none twice
+    assert sorted(i for b in taken for i in b) == list(range(8))  # the order: 0..63
+
+
+def test_a_state_saved_before_shards_were_kept_loads(mesh8):
+    loader = sampled(0)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    loader.close()
+    del state["common"]["shards"]
+    resumed = sampled(0)
+    resumed.load_state_dict(state)
+    assert len(list(resumed)) == 6
 
 
 def test_capture_copies_and_restore_loads_either_protocol():

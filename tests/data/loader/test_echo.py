@@ -34,11 +34,35 @@ def test_workers_that_read_the_same_stream_raise_at_the_first_batch(mesh8):
         "inside the dataset's __iter__: index, count = torchshard.stream_shard() (over the "
         "processes and the workers) and read shard index of count (HF datasets: "
         "split_dataset_by_node(ds, rank=index, world_size=count) in the main process; datasets "
-        "splits by worker itself)."
+        "splits by worker itself). If the stream is split and its examples are equal on purpose "
+        "(synthetic data such as zeros), pass GlobalBatchLoader(..., allow_equal_batches=True)."
     )
     with pytest.raises(ts.ShardingError) as info:
         next(iter(loader))
     assert str(info.value) == msg
+
+
+class SyntheticZeros(IterableDataset):
+    """A stream split by worker (``stream_shard``) whose 32 examples are all zeros: each
+    worker reads its own 16, which happen to be equal."""
+
+    def __iter__(self):
+        index, count = ts.stream_shard()
+        for _ in range(index, 32, count):
+            yield {"x": np.zeros(2, np.float32)}
+
+
+def test_equal_examples_meant_are_said_with_allow_equal_batches(mesh8):
+    def loader(**kw):
+        source = DataLoader(SyntheticZeros(), batch_size=8, num_workers=2)
+        return ts.GlobalBatchLoader(source, **kw)
+
+    with pytest.raises(ts.ShardingError, match=r"allow_equal_batches=True\)\."):
+        next(iter(loader()))
+    rows = [b["x"].shape[0] for b in loader(allow_equal_batches=True)]
+    assert rows == [8] * 4  # every example once: the stream was split
+    with pytest.raises(TypeError, match=r"allow_equal_batches: expected a bool, but got 'yes'\."):
+        ts.GlobalBatchLoader([], allow_equal_batches="yes")
 
 
 def test_a_map_style_source_or_one_worker_is_not_checked():

@@ -69,7 +69,7 @@ def test_a_resumed_epoch_counts_from_its_first_batch(mesh8):
     epoch, _, cursor = _epoch([{"id": np.zeros(6)}], mesh8, prefetch=0, first=5)
     with pytest.raises(ts.errors.IndivisibleError) as info:
         next(epoch)
-    assert str(info.value).startswith("GlobalBatchLoader: batch 5: host_arrays['id']")
+    assert str(info.value).startswith("GlobalBatchLoader: batch 5: batch['id']")
     assert info.value.__notes__ == ["(raised by GlobalBatchLoader at batch 5)"]
     assert cursor.next_batch == 5  # the failed batch was not taken
     with pytest.raises(StopIteration):

@@ -25,6 +25,7 @@ from torchshard.data._loader.last_batch import (
     ENDED_EMPTY,
     Template,
     check_policy,
+    ended_status,
     rows_status,
     settle,
     status_counts,
@@ -250,6 +251,87 @@ def test_one_process_pads_and_drops_its_short_last_batch(mesh8):
         list(error)
 
 
+def test_the_batch_leaf_is_the_first_whose_dim_0_the_partition_splits(mesh8):
+    """A per-batch table as the first key (``P()``) or a 0-d leaf does not count rows: the
+    short batch of ``x`` is padded and masked; the table keeps its shape."""
+    table = np.arange(24, dtype=np.float32).reshape(8, 3)
+    source = [{"a_table": table, "x": np.ones((n, 2), np.float32)} for n in (8, 4)]
+    partition = {"a_table": ts.P(), "x": ts.P("data")}
+    out = list(ts.GlobalBatchLoader(source, last_batch="pad", partition=partition))
+    assert [m.cpu().tolist() for _, m in out] == [[True] * 8, [True] * 4 + [False] * 4]
+    assert out[1][0]["a_table"].shape == (8, 3) and out[1][0]["x"].shape == (8, 2)
+    scalar = [{"a": np.float32(n), "x": np.ones((n, 2), np.float32)} for n in (8, 4)]
+    out = list(
+        ts.GlobalBatchLoader(scalar, last_batch="drop", partition={"a": ts.P(), "x": ts.P("data")})
+    )
+    assert len(out) == 1
+
+
+def test_batch_leaf_names_the_leaf_and_its_errors_say_which_it_is(mesh8):
+    """Under the default partition every leaf's dim 0 is split, so a table first is taken for
+    the batch's: the error says which leaf was counted; ``batch_leaf`` names the right one."""
+    table = np.zeros((8, 3), np.float32)
+    source = [{"a_table": table, "x": np.ones((n, 2), np.float32)} for n in (8, 4)]
+    with pytest.raises(ts.ShardingError) as info:
+        list(ts.GlobalBatchLoader(source, last_batch="pad"))
+    assert "(last_batch='pad' counts a batch's rows on batch['a_table'], the leaf that " in (
+        "\n".join(info.value.__notes__)
+    )
+    named = ts.GlobalBatchLoader(source, last_batch="pad", batch_leaf="x")
+    assert [m.cpu().tolist().count(True) for _, m in named] == [8, 4]
+    nested = [{"in": {"ids": np.ones((n, 2), np.float32)}, "a": table} for n in (8, 4)]
+    named = ts.GlobalBatchLoader(nested, last_batch="drop", batch_leaf=("in", "ids"))
+    assert len(list(named)) == 1
+    with pytest.raises(
+        ts.ShardingError,
+        match=re.escape(
+            "GlobalBatchLoader(batch_leaf='y'): batch has no leaf at that path; its leaves are "
+            "[\"batch['a_table']\", \"batch['x']\"]."
+        ),
+    ):
+        list(ts.GlobalBatchLoader(source, last_batch="pad", batch_leaf="y"))
+    with pytest.raises(TypeError, match=re.escape("batch_leaf: expected the path of the leaf")):
+        ts.GlobalBatchLoader(source, batch_leaf=1.5)
+
+
+def test_per_host_lists_whose_first_batch_differs_pad_to_the_largest(mesh8):
+    """Host 1's first (and only) batch is short: without a batch_size every host's whole batch
+    is the largest first batch, so host 1's is padded, not taken for a whole one."""
+    from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+
+    full = {"x": np.ones((4, 2), np.float32)}
+    short = {"x": np.ones((2, 2), np.float32)}
+    with virtual_hosts(2):
+        loader = global_batch_loader_per_host([[full, full], [short]], last_batch="pad")
+        masks = [m.cpu().tolist() for _, m in loader]
+        assert len(loader) == 2
+    assert masks == [[True] * 6 + [False] * 2, [True] * 4 + [False] * 4]
+
+
+def test_settle_needs_one_whole_batch_size():
+    where = lambda i: f"leaf {i}"  # noqa: E731
+    msg = (
+        "b: last_batch='pad' needs one size of a whole batch, but it has 4 on process(es) [0], "
+        "2 on process(es) [1]: each process takes its source's batch_size"
+    )
+    with pytest.raises(ts.errors.ProcessDisagreementError, match=re.escape(msg)):
+        settle(
+            "pad",
+            _verdict((rows_status(4, 4), True, ()), (rows_status(2, 2), True, ())),
+            what="b",
+            where=where,
+        )
+    assert settle(
+        "pad",
+        _verdict((rows_status(4, 4), True, ()), (rows_status(2, 4), True, ())),
+        what="b",
+        where=where,
+    ) == (False, 6)
+    ended = _verdict((rows_status(4, 4), True, ()), (ended_status(4), True, ()))
+    assert ended.agreed  # an ended process that pads compares alike: one round
+    assert settle("pad", ended, what="b", where=where) == (False, 4)
+
+
 def test_pad_keeps_one_compiled_step_to_the_end_of_the_epoch(mesh8):
     """torch_xla's CompileTime count (read-backs excluded: nothing is read inside the loop) is
     the same after the last unpadded step as at the end; feeding the short batch as it is
@@ -315,6 +397,39 @@ def test_pad_with_a_dispatcher_masks_the_physical_rows(mesh8):
     assert [m for _, m in steps] == [[True] * 4 + [False] * 4, [True] * 2 + [False] * 6]
     logical = dispatcher.physical_to_logical_batch(steps[1][0])
     assert ts.replicate_to_local_data(logical["id"]).tolist() == [4, 5, 0, 0]
+
+
+def test_pad_with_a_dispatcher_compiles_once_over_two_epochs(mesh8):
+    """A loader with a dispatcher and last_batch="pad", two epochs of 20 examples in batches
+    of 8 (the third batch padded): torch_xla's CompileTime count is the same after the first
+    step as at the end. The step dispatches in the step (row targets), weights by the mask and
+    sums. Before, the dispatch compiled on every step (Tensor.view(dtype) fell back to the
+    CPU)."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    def compiles():
+        data = met.metric_data("CompileTime")
+        return 0 if data is None else data[0]
+
+    dispatcher = ts.InputDispatcher(
+        8, num_physical_feeds=1, physical_feed_index=0, global_physical_batch_size=16
+    )
+    loader = ts.GlobalBatchLoader(
+        DataLoader(_rows(20), batch_size=8), dispatcher=dispatcher, last_batch="pad"
+    )
+    counts, sums = [], []
+    for _ in range(2):
+        for b, mask in loader:
+            logical = dispatcher.physical_to_logical_batch({**b, "mask": mask})
+            w = logical["mask"].to(torch.float32)
+            sums.append((logical["x"][:, 0] * w).sum() + (logical["id"] * w).sum())
+            torch_xla.sync()
+            counts.append(compiles())
+    assert len(counts) == 6 and counts[1:] == [counts[0]] * 5, counts
+    assert [float(s.cpu()) for s in sums] == [
+        2.0 * sum(range(k, min(k + 8, 20))) for k in (0, 8, 16)
+    ] * 2
 
 
 def test_last_batch_is_checked_when_the_loader_is_made():

@@ -250,7 +250,7 @@ def test_source_error_reaches_the_consumer_at_that_batch(mesh42, prefetch, k):
 
 def test_transfer_error_reaches_the_consumer(mesh42):
     it = iter(ts.GlobalBatchLoader([{"id": np.array(["a"] * 8)}], prefetch=2))
-    with pytest.raises(TypeError, match=re.escape("host_arrays['id']: numpy dtype <U1 is not")):
+    with pytest.raises(TypeError, match=re.escape("batch['id']: numpy dtype <U1 is not")):
         next(it)
 
 

@@ -277,7 +277,7 @@ def test_an_indivisible_batch_names_the_batch_index(mesh8):
     producer = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, first=2)
     with pytest.raises(
         ts.errors.IndivisibleError,
-        match=re.escape("GlobalBatchLoader: batch 2: host_arrays['x']: dim 0 has size 6"),
+        match=re.escape("GlobalBatchLoader: batch 2: batch['x']: dim 0 has size 6"),
     ):
         producer(0)
 

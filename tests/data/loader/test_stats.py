@@ -30,7 +30,7 @@ def test_len_and_stats(mesh42):
     stats = loader.stats
     assert (stats.batches, stats.bytes) == (5, 5 * (8 * 8 + 8 * 4 * 4))
     assert stats.wait_seconds >= 0 and stats.transfer_seconds > 0
-    msg = "GlobalBatchLoader: the source (generator) has no len()."
+    msg = "len(GlobalBatchLoader): the source (generator) has no len(), so the epoch's length"
     with pytest.raises(TypeError, match=re.escape(msg)):
         len(ts.GlobalBatchLoader(endless()))
 

@@ -35,8 +35,17 @@ if TYPE_CHECKING:
 # seq_length, world_size, device)._generate_indices(restore=...)` (shape (1, seq_len)); torch
 # 2.9.0 has `torch.distributed.tensor.experimental._attention._generate_round_robin_indices(
 # seq_length, cp_world_size, device, restore=...)` (shape (seq_len,)). Checked on both.
+# torch's balancers for packed rows, the orders `context_parallel_order` reproduces for
+# "per_document" and "ptrr" (the tests' and the context-parallel example's oracle; torchshard
+# computes the orders without them), in the same module as `_HeadTailLoadBalancer`:
+# `_PerDocumentHeadTailLoadBalancer(seq_length_per_doc, world_size, device)` and
+# `_PTRRLoadBalancer(block_mask, world_size)`, each with `._generate_indices(restore=...)` of
+# shape (rows, seq_len); and `torch.distributed.tensor.experimental._context_parallel.
+# _context_parallel_shard(mesh, buffers, seq_dims, load_balancer)`, which keeps each cp rank's
+# shard of the rearranged buffers. Checked on torch 2.14.1 (torch 2.9.0 has none of them:
+# the functions below return None there).
 # `torch.distributed.distributed_c10d._get_default_store()`: the default group's store (torch's
-# own store-based barriers use it), which the bounded collectives write arrival records to.
+# own store-based barriers use it), through which the exchange tree's processes find each other.
 # `torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)`: a group's timeout
 # (`new_group` does not inherit the default group's). Checked on torch 2.9.0, 2.13.0, 2.14.1,
 # 2.15.0: it exists with this signature; from torch 2.14 it is deprecated (a FutureWarning at
@@ -52,6 +61,8 @@ from torch.distributed.tensor.placement_types import _StridedShard as StridedSha
 __all__ = [
     "StridedShard",
     "context_parallel_indices",
+    "context_parallel_shard",
+    "document_load_balancer",
     "default_store",
     "is_strided_shard",
     "local_shape_and_offset",
@@ -112,3 +123,41 @@ def context_parallel_indices(seq_len: int, cp_size: int, *, restore: bool = Fals
         return _generate_round_robin_indices(seq_len, cp_size, cpu, restore=restore).tolist()
     balancer = _HeadTailLoadBalancer(seq_len, cp_size, "cpu")
     return balancer._generate_indices(restore=restore)[0].tolist()
+
+
+def document_load_balancer(
+    balancer: str,
+    cp_size: int,
+    *,
+    lengths: Sequence[Sequence[int]] | None = None,
+    block_mask: Any = None,
+) -> Any:
+    """torch's load balancer for packed rows (``balancer``: ``"per_document"`` from the
+    documents' ``lengths`` per row, ``"ptrr"`` from a FlexAttention ``block_mask``), the oracle
+    of ``torchshard.context_parallel_order``; ``None`` where torch has none (before 2.13)."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel._load_balancer import (  # type: ignore[import-not-found, unused-ignore]
+            _PerDocumentHeadTailLoadBalancer,
+            _PTRRLoadBalancer,
+        )
+    except ImportError:
+        return None
+    if balancer == "per_document":
+        return _PerDocumentHeadTailLoadBalancer([list(x) for x in lengths or ()], cp_size, "cpu")
+    if balancer == "ptrr":
+        return _PTRRLoadBalancer(block_mask, cp_size)
+    raise ValueError(f"document_load_balancer: unknown balancer {balancer!r}")
+
+
+def context_parallel_shard(
+    mesh: DeviceMesh, buffers: Sequence[Any], seq_dims: Sequence[int], load_balancer: Any
+) -> list[Any] | None:
+    """What each cp rank of ``mesh`` keeps of ``buffers`` rearranged by ``load_balancer``
+    (torch's ``_context_parallel_shard``); ``None`` where torch has none."""
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import (  # type: ignore[import-not-found, unused-ignore]
+            _context_parallel_shard,
+        )
+    except ImportError:
+        return None
+    return list(_context_parallel_shard(mesh, list(buffers), list(seq_dims), load_balancer))

@@ -61,12 +61,6 @@ from torchshard._core.verdict import Verdict
 # move bytes (gather, redistribute without Partial) reinterpret it as a same-sized dtype.
 _BYTE_VIEWS = {torch.int16: torch.float16}
 
-# take_rows sums rows that only one rank holds: int16 is summed as int32 (gloo refuses int16),
-# bool as its uint8 bytes (a sum, not gloo's logical or); both are exact.
-_SUM_CASTS = {torch.int16: torch.int32}
-
-_SUM_VIEWS = {torch.bool: torch.uint8}
-
 
 @functools.lru_cache(maxsize=4096)
 def placements(mesh: Mesh, axes: DimAxes) -> tuple[Placement, ...]:
@@ -149,8 +143,14 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> torch.Tensor:
     Here each rank gathers the rows it holds into an ``[L, ...]`` tensor that is zero elsewhere
     and the sum over the ranks that split dim 0 (a ``Partial`` reduced by ``redistribute``:
     reduce-scatter) moves only logical rows, as XLA partitions the same gather. Each row has
-    exactly one contributor, so the sum is exact: floats are filled with ``-0.0`` (``v + -0.0
-    == v`` bit for bit, ``-0.0`` and NaN included), integers with 0. Differentiable.
+    exactly one contributor, so a sum of integers (or of bytes) is exact: floats (and complex
+    parts) are summed as the integers of their width (``_summable``), which keeps -0.0, NaN
+    payloads (quiet and signalling) and subnormals; a sum of floats would not (``0.0 + -0.0``
+    is ``0.0``, an addition quiets a signalling NaN, gloo adds half floats through float32
+    and canonicalises their NaNs). A tensor that needs grad is summed as floats, filled with
+    ``-0.0`` (``v + -0.0 == v`` for every number and quiet NaN, complex parts too; a
+    signalling NaN comes back quiet, and gloo's half floats lose NaN payloads), so it stays
+    differentiable.
     """
     dm = x.device_mesh
     x = _without_partial(x)
@@ -173,31 +173,88 @@ def _take_rows(x: DTensor, index: torch.Tensor) -> torch.Tensor:
             shape=torch.Size(shape),
             stride=contiguous_stride(shape),
         )
+    as_bits = x.dtype in _BITS and not (x.requires_grad and torch.is_grad_enabled())
     start, held = local_offset(x)[1][0], local.shape[0]
-    dtype = _SUM_CASTS.get(local.dtype, local.dtype)
-    fill = torch.full((), -0.0 if dtype.is_floating_point or dtype.is_complex else 0, dtype=dtype)
-    fill = fill.to(local.device)
     if held:  # no nonzero(): on CUDA it would wait for the device
         mine = (index >= start) & (index < start + held)
-        picked = local.index_select(0, (index - start).clamp(0, held - 1)).to(dtype)
-        summands = torch.where(mine.view(-1, *[1] * (local.dim() - 1)), picked, fill)
+        picked = _summable(local.index_select(0, (index - start).clamp(0, held - 1)), as_bits)
+        fill = _zero(picked.dtype, as_bits).to(local.device)
+        summands = torch.where(mine.view(-1, *[1] * (picked.dim() - 1)), picked, fill)
     else:  # an uneven split left this rank no rows
-        summands = fill.expand(shape[0], *local.shape[1:]).clone()
-    view = _SUM_VIEWS.get(dtype)
-    if view is not None:
-        summands = summands.view(view)
+        empty = _summable(local.new_empty((shape[0], *local.shape[1:])), as_bits)
+        summands = _zero(empty.dtype, as_bits).to(local.device).expand_as(empty).clone()
+    summed = (*shape, *summands.shape[len(shape) :])  # complex parts, bytes: trailing dims
     partial = [Partial() if i in split else p for i, p in enumerate(x.placements)]
     out = DTensor.from_local(
         summands,
         dm,
         partial,
         run_check=False,
+        shape=torch.Size(summed),
+        stride=contiguous_stride(summed),
+    ).redistribute(dm, x.placements)
+    if out.dtype == x.dtype:
+        return out
+    return DTensor.from_local(
+        _from_summable(out.to_local(), x.dtype, as_bits),
+        dm,
+        x.placements,
+        run_check=False,
         shape=torch.Size(shape),
         stride=contiguous_stride(shape),
-    ).redistribute(dm, x.placements)
-    if view is not None:
-        return _reinterpret(out, x.dtype)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    )
+
+
+# take_rows sums floats (complex: their parts) as the integers of their width.
+_BITS = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+    torch.complex64: torch.int32,
+    torch.complex128: torch.int64,
+}
+
+_PARTS = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _summable(t: torch.Tensor, as_bits: bool) -> torch.Tensor:
+    """``t`` as what ``take_rows`` sums: floats (``as_bits``) as the integers of their width;
+    int16, which gloo does not add, as its two bytes (a last dim of 2); bool as its byte (a
+    sum, not gloo's logical or). With one contributor per row every sum is exact."""
+    if as_bits:
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        t = t.contiguous().view(_BITS[t.dtype])
+    if t.dtype == torch.int16:
+        return t.unsqueeze(-1).view(torch.uint8)
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    return t
+
+
+def _from_summable(t: torch.Tensor, dtype: torch.dtype, as_bits: bool) -> torch.Tensor:
+    """The inverse of ``_summable`` for a tensor of ``dtype``."""
+    if dtype == torch.bool:
+        return t.view(torch.bool)
+    if t.dtype == torch.uint8:  # the bytes of int16s
+        t = t.view(torch.int16).squeeze(-1)
+    if not as_bits:
+        return t
+    if dtype.is_complex:
+        return torch.view_as_complex(t.view(_PARTS[dtype]))
+    return t.view(dtype)
+
+
+def _zero(dtype: torch.dtype, as_bits: bool) -> torch.Tensor:
+    """What a rank adds for the rows it does not hold: 0, or ``-0.0`` for floats summed as
+    floats (``v + -0.0 == v``)."""
+    if as_bits or not (dtype.is_floating_point or dtype.is_complex):
+        return torch.zeros((), dtype=dtype)
+    if dtype.is_complex:  # both parts -0.0 (a complex -0.0 literal has +0.0 imaginary)
+        part = torch.tensor(-0.0, dtype=_PARTS[dtype])
+        return torch.complex(part, part)
+    return torch.full((), -0.0, dtype=dtype)
 
 
 def _nothing() -> None:
@@ -368,6 +425,18 @@ class DTensorRuntime:
         index = self.full_local(index)
         with guarded(f"dispatch: gathering rows of a tensor of shape {tuple(x.shape)}"):
             return _take_rows(x, index)
+
+    splits_unevenly = True  # Shard(d) of a size the mesh axis does not divide
+
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        return None  # take_rows: the key's all-gather, then one reduce-scatter of the rows
 
     def check_layout(self, mesh: Mesh, axes: DimAxes) -> None:
         placements(mesh, axes)

@@ -80,8 +80,9 @@ def check_sizes(x: DTensor, what: str) -> None:
 
 
 def _checksum(t: torch.Tensor) -> str:
-    """A 16-hex-digit blake2b of ``t``'s bytes (any dtype; bit patterns, so -0.0 != 0.0)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    """A 16-hex-digit blake2b of ``t``'s bytes (any dtype; bit patterns, so -0.0 != 0.0): its
+    values' bytes, a lazy conjugate or negative view resolved (``x.conj()`` of a DTensor)."""
+    flat = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous().reshape(-1)
     data = flat.view(torch.uint8).numpy().data if flat.numel() else b""  # a view, no copy
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 

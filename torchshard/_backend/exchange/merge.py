@@ -37,7 +37,7 @@ def agree_value(what: str, digest: str, stats: list[int], rank: int) -> dict[str
     """One process's value of an ``"agree"`` exchange."""
     return {
         "K": "agree",
-        "g": [[what, digest, RankSet.of([rank]).to_wire()]],
+        "g": [[what, digest, [rank, rank, 0]]],
         "s": list(stats),
         "lo": list(stats),
         "hi": list(stats),
@@ -46,13 +46,13 @@ def agree_value(what: str, digest: str, stats: list[int], rank: int) -> dict[str
 
 def items_value(what: str, digest: str, items: list[str], rank: int) -> dict[str, Any]:
     """One process's value of the ``"items"`` round."""
-    return {"K": "items", "g": [[what, digest, RankSet.of([rank]).to_wire(), items]]}
+    return {"K": "items", "g": [[what, digest, [rank, rank, 0], items]]}
 
 
 def replicas_value(what: str, blocks: dict[str, tuple[str, int]], rank: int) -> dict[str, Any]:
     """One process's value of the value check: ``blocks`` maps a block's key (its leaf and
     global ranges) to ``(checksum, how many processes hold that block)``."""
-    me = RankSet.of([rank]).to_wire()
+    me = [rank, rank, 0]
     return {
         "K": "replicas",
         "w": [[what, me]],
@@ -99,6 +99,29 @@ def _union(wires: list[list[int]]) -> list[int]:
     return RankSet(pairs, sum(w[-1] for w in wires)).to_wire()
 
 
+def _agree_alike(values: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The merge of ``"agree"`` values of one group each, all the same call and digest, with
+    counts of one length (what nearly every exchange is); ``None`` otherwise."""
+    g0 = values[0]["g"]
+    if len(g0) != 1:
+        return None
+    what, code, _ = g0[0]
+    n = len(values[0]["s"])
+    wires = []
+    for v in values:
+        g = v["g"]
+        if len(g) != 1 or g[0][1] != code or g[0][0] != what or len(v["s"]) != n:
+            return None
+        wires.append(g[0][2])
+    if n:
+        sums = [sum(c) for c in zip(*(v["s"] for v in values), strict=True)]
+        lo = [min(c) for c in zip(*(v["lo"] for v in values), strict=True)]
+        hi = [max(c) for c in zip(*(v["hi"] for v in values), strict=True)]
+    else:
+        sums, lo, hi = [], [], []
+    return {"K": "agree", "g": [[what, code, _union(wires)]], "s": sums, "lo": lo, "hi": hi}
+
+
 def merge(values: list[dict[str, Any]]) -> dict[str, Any]:
     """The merge of ``values`` (lowest ranks first)."""
     first = values[0]
@@ -107,6 +130,10 @@ def merge(values: list[dict[str, Any]]) -> dict[str, Any]:
         return _mixed(values)
     if kind == "replicas":
         return _merge_replicas(values)
+    if kind == "agree":
+        fast = _agree_alike(values)
+        if fast is not None:
+            return fast
     what = first["g"][0][0]
     ranks: dict[tuple[str, str], list[list[int]]] = {}
     items: dict[tuple[str, str], list[Any]] = {}

@@ -76,6 +76,34 @@ class TreeError(RuntimeError):
         self.info = info
 
 
+class _Done:
+    """A one-shot flag one thread waits for (cheaper than an ``Event``, whose ``Condition``
+    costs a lock and a list per exchange)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(0.0, timeout)):
+            self._lock.release()
+            return True
+        return self._set
+
+
 @dataclasses.dataclass
 class _Op:
     key: Key
@@ -83,7 +111,7 @@ class _Op:
     got: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     result: dict[str, Any] | None = None
     error: TreeError | None = None
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: _Done = dataclasses.field(default_factory=_Done)
     stream: str = ""  # the caller's stream (switch announcements are compared on it)
     sent: bool = False
 
@@ -321,7 +349,8 @@ class Node:
     def _deliver(self, op: _Op, result: dict[str, Any]) -> list[tuple[int, Any]]:
         """The result of ``op``: forwarded to the children, then handed to the waiter."""
         channel, call, rnd = op.key
-        sends = [(c, [_DOWN, channel, call, rnd, result]) for c in sorted(self._children)]
+        down = [_DOWN, channel, call, rnd, result]
+        sends: list[tuple[int, Any]] = [(c, down) for c in sorted(self._children)]
         op.result = result
         self._ops.pop(op.key, None)
         return [*sends, (-1, op)]  # -1: set the waiter's event once the sends are out
@@ -368,6 +397,7 @@ class Node:
     # -- sending ------------------------------------------------------------------------------
 
     def _send_all(self, sends: list[tuple[int, Any]]) -> None:
+        frames: dict[int, bytes] = {}  # a message sent to several children is encoded once
         for peer, message in sends:
             if peer == -1:
                 message.done.set()
@@ -379,9 +409,12 @@ class Node:
                     conn = self._conns.get(peer)
                 if conn is None:
                     continue  # a peer that left: its flood fails what waits on it
+            frame = frames.get(id(message))
+            if frame is None:
+                frame = frames[id(message)] = encode(message)
             try:
                 with conn.lock:
-                    conn.sock.sendall(encode(message))
+                    conn.sock.sendall(frame)
                 self.sent += 1
             except OSError:  # the I/O thread reads the end of this connection: _lost
                 with contextlib.suppress(OSError):

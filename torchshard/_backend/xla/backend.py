@@ -21,8 +21,11 @@ import torch
 
 from torchshard._backend.protocols import Backend, LocalShard, MakeGlobal
 from torchshard._backend.registry import register
-from torchshard._backend.xla.mesh import XlaMeshes, to_xla_mesh
+from torchshard._backend.xla import rows
+from torchshard._backend.xla.mesh import XlaMeshes, op_sharding
 from torchshard._backend.xla.runtime import (
+    annotate_custom_sharding,
+    bitcast,
     cpu_devices,
     device_id,
     global_tensor_from_cpu_shards,
@@ -47,13 +50,6 @@ MAX_SHARDED_RANK = 5
 # call: it holds the GIL for < ~0.2 ms, no longer than Python's own time slices, and the
 # GIL-free call costs ~40 us more per leaf (measured on 8 CPU devices; docs/design.md).
 GIL_FREE_MIN_BYTES: float = 1 << 20  # a float: the loader bench sets math.inf (route off)
-
-
-@functools.lru_cache(maxsize=4096)
-def op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
-    """The ``OpSharding`` of the per-dimension ``axes`` on ``mesh`` (cached)."""
-    spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
-    return to_xla_mesh(mesh).get_op_sharding(spec)
 
 
 @functools.cache
@@ -151,19 +147,6 @@ def _materialize(tensors: Sequence[torch.Tensor]) -> None:
     xla()._XLAC._xla_sync_multi(list(tensors), [], wait=True)
 
 
-def _annotate_custom_sharding(x: torch.Tensor, op_sharding: Any) -> None:
-    """Wraps ``x``'s IR value in a custom-sharding node (in place on ``x``).
-
-    torch_xla 2.9: ``_xla_annotate_custom_sharding(tensor, op_sharding)`` sets the tensor's IR
-    to ``custom_sharding(current IR)`` and its sharding spec, for device data and lazy IR alike,
-    without the existing-annotation check of ``_xla_mark_sharding``. (``_xla_clear_sharding`` on
-    device data only drops the spec: the data stays sharded, ``_get_local_shards`` then fails
-    with "Tensor is not sharded", and a later ``_xla_mark_sharding`` downloads the whole value
-    and uploads it again.)
-    """
-    xla()._XLAC._xla_annotate_custom_sharding(x, op_sharding)
-
-
 def _unwrap(x: torch.Tensor) -> torch.Tensor:
     """The XLA tensor of ``x``: the ``global_tensor`` of the ``XLAShardedTensor`` that
     ``xs.mark_sharding`` returns (torch_xla 2.9: its own ops go through ``__torch_dispatch__``,
@@ -179,7 +162,9 @@ def _real_view(x: torch.Tensor) -> torch.Tensor:
     parts (``.cpu()``, ``_get_local_shards`` and ``XLAShardedTensor.local_shards`` alike),
     though the device data is right (``torch.imag`` on the device reads it) and complex64 is
     unaffected. The real view (float64, one more dimension of 2, the same split) copies
-    correctly; it costs one small compiled graph."""
+    correctly; it costs one small compiled graph. A sharded float16 tensor is read through its
+    int16 bits (``bitcast``) likewise: its shards come back with NaN payloads rewritten
+    (0x7C01 -> 0x7E00; ``.cpu()`` of an unsharded one is exact)."""
     return torch.view_as_real(x)
 
 
@@ -283,9 +268,17 @@ class XlaRuntime:
             for i, t in enumerate(tensors)
             if t.dtype == torch.complex128 and _sharding_spec_text(t) != ""
         }
-        if wide:  # read through their real view (see _real_view)
-            tensors = [_real_view(t) if i in wide else t for i, t in enumerate(tensors)]
-            _materialize([tensors[i] for i in wide])
+        half = {
+            i
+            for i, t in enumerate(tensors)
+            if t.dtype == torch.float16 and _sharding_spec_text(t) != ""
+        }
+        if wide or half:  # read through their real view or their bits (see _real_view)
+            tensors = [
+                _real_view(t) if i in wide else bitcast(t, torch.int16) if i in half else t
+                for i, t in enumerate(tensors)
+            ]
+            _materialize([tensors[i] for i in wide | half])
         unsharded = {i: t for i, t in enumerate(tensors) if _sharding_spec_text(t) == ""}
         sharded = [t for i, t in enumerate(tensors) if i not in unsharded]
         datas = xlac._get_local_shards(sharded) if sharded else []
@@ -311,6 +304,8 @@ class XlaRuntime:
                 LocalShard(s.device, s.ranges[:-1], torch.view_as_complex(s.data.contiguous()))
                 for s in out[i]
             ]
+        for i in half:
+            out[i] = [LocalShard(s.device, s.ranges, s.data.view(torch.float16)) for s in out[i]]
         return out
 
     def local_ranges(self, x: torch.Tensor) -> dict[int, tuple[tuple[int, int], ...]] | None:
@@ -349,39 +344,26 @@ class XlaRuntime:
         if isinstance(x, xs().XLAShardedTensor):  # what xs.mark_sharding returns
             x = x.global_tensor
         y = x.clone()
-        _annotate_custom_sharding(y, op_sharding(mesh, axes))
+        annotate_custom_sharding(y, op_sharding(mesh, axes))
         return y
 
     def full_local(self, x: torch.Tensor) -> torch.Tensor:
         return x  # traced into the step: the compiler moves what the index maths needs
 
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        # XLA partitions this gather over a row-split operand itself (a masked local gather
-        # and an all-reduce of the output; docs/design.md). Plain tensors take the same path.
-        # The all-reduce adds the owner's row to zeros: in floating point that turns -0.0
-        # into 0.0 and rewrites NaN payloads, so floats (and complex parts) are gathered as
-        # integers of their width, which add exactly. A tensor that needs grad keeps the
-        # float route (an integer view has no gradient): its -0.0 and NaN bits may change.
-        index = index.to(x.device)
-        ints = _SAME_WIDTH_INT.get(x.dtype)
-        if ints is None or (x.requires_grad and torch.is_grad_enabled()):
-            return x.index_select(0, index)
-        if x.is_complex():
-            parts = torch.view_as_real(x)
-            taken = parts.view(ints).index_select(0, index).view(parts.dtype)
-            return torch.view_as_complex(taken.contiguous())
-        return x.view(ints).index_select(0, index).view(x.dtype)
+        return rows.take_rows(x, index)
 
+    splits_unevenly = False  # a graph's output split unevenly comes back replicated
 
-# The integer dtype of each floating dtype's width (complex: of its parts'), for take_rows.
-_SAME_WIDTH_INT = {
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-    torch.float32: torch.int32,
-    torch.float64: torch.int64,
-    torch.complex64: torch.int32,
-    torch.complex128: torch.int64,
-}
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        return rows.move_rows(x, targets, logical, mesh, axes)
 
 
 class XlaLimits:

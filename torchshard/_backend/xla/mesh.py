@@ -11,7 +11,7 @@ import numpy as np
 from torchshard._backend.xla.runtime import topology, xs
 from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
-from torchshard._core.sharding import check_device_process
+from torchshard._core.sharding import DimAxes, check_device_process
 
 
 @functools.lru_cache(maxsize=256)
@@ -31,6 +31,13 @@ def mesh_from_xla(xla_mesh: Any) -> Mesh:
         )
     ids = np.asarray(xla_mesh.device_ids).reshape(tuple(xla_mesh.mesh_shape))
     return Mesh(ids, tuple(names))
+
+
+@functools.lru_cache(maxsize=4096)
+def op_sharding(mesh: Mesh, axes: DimAxes) -> Any:
+    """The ``OpSharding`` of the per-dimension ``axes`` on ``mesh`` (cached)."""
+    spec = tuple(None if not a else (a[0] if len(a) == 1 else a) for a in axes)
+    return to_xla_mesh(mesh).get_op_sharding(spec)
 
 
 class XlaMeshes:

@@ -137,3 +137,47 @@ def cpu_shards_binding() -> Callable[..., torch.Tensor]:
     """torch_xla 2.9's raw binding ``_XLAC._global_tensor_from_cpu_shards(shards, op_sharding,
     global_shape)`` itself (lists only), for a baseline that calls it by hand (the benchmarks)."""
     return xla()._XLAC._global_tensor_from_cpu_shards
+
+
+def annotate_custom_sharding(x: torch.Tensor, op_sharding: Any) -> None:
+    """Wraps ``x``'s IR value in a custom-sharding node (in place on ``x``).
+
+    torch_xla 2.9: ``_xla_annotate_custom_sharding(tensor, op_sharding)`` sets the tensor's IR
+    to ``custom_sharding(current IR)`` and its sharding spec, for device data and lazy IR alike,
+    without the existing-annotation check of ``_xla_mark_sharding``. (``_xla_clear_sharding`` on
+    device data only drops the spec: the data stays sharded, ``_get_local_shards`` then fails
+    with "Tensor is not sharded", and a later ``_xla_mark_sharding`` downloads the whole value
+    and uploads it again.)
+    """
+    xla()._XLAC._xla_annotate_custom_sharding(x, op_sharding)
+
+
+# torch dtypes -> the type names of torch_xla's builder (xla_builder.Type), for bitcast.
+_XLA_TYPES = {
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int16: "s16",
+    torch.int32: "s32",
+    torch.int64: "s64",
+}
+
+
+@functools.cache
+def _bitcast_op() -> Any:
+    """torch_xla 2.9: an op whose lowering is one XLA ``BitcastConvert``, registered once
+    through ``xla_op_registry`` (each input shape's computation is built once and cached)."""
+    xla()
+    import torch_xla.core.xla_op_registry as xor
+
+    return xor.register("torchshard_bitcast", lambda x, to: x.bitcast(to))
+
+
+def bitcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x``'s bits as ``dtype`` (of the same width), traced into the step's graph.
+
+    ``Tensor.view(dtype)`` does the same, but torch_xla 2.9 lowers it as a CPU fallback
+    (``aten::view_copy.dtype``): the pending graph runs, the tensor goes to the host and back,
+    and the step compiles again on every call."""
+    return _bitcast_op()(x, to=_XLA_TYPES[dtype])

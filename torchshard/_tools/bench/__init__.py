@@ -20,11 +20,13 @@ BENCHES: dict[str, str] = {
     "dtensor": "torchshard._tools.bench.dtensor",
     "h2d": "torchshard._tools.bench.h2d",
     "loader": "torchshard._tools.bench.loader",
+    "packing": "torchshard._tools.bench.packing",
+    "cp_balance": "torchshard._tools.bench.cp_balance",
 }
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
 # run on a plain install (no torch_xla).
-NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "h2d"})
+NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "h2d", "cp_balance"})
 
 # The module that draws ``--plot`` (none in the wheel: the lab's sweep has it), and the benches
 # that start one gloo process per ``--devices`` (none here; the CLI bounds their count).

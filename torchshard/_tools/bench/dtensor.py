@@ -54,7 +54,7 @@ def run(report: Report) -> None:
             report.ratio(NAME, case, method, "from_local", base / by_method[method])
     report.notes.append(
         f"dtensor: agreement check = median of (torchshard - torchshard unchecked) per sample, "
-        f"{PROCESSES} processes over gloo on loopback, the exchange over the default store"
+        f"{PROCESSES} processes over gloo on loopback, the exchange over torchshard's tree"
     )
 
 

@@ -16,7 +16,8 @@ number of hosts.
 one opaque value per source, so the checkpoint's keys do not depend on what a source's state
 holds) and the index of the next batch; and one entry all processes share, ``"common"``: the
 loader's kind, how many processes and data hosts saved it, and the epoch's global position
-when the sources are ``host_sampler``'s.
+when the sources are ``host_sampler``'s (with the samplers' shard count, ``"shards"``: a state
+saved over another count resumes from the position, even on as many processes).
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ COMMON_KEYS = (
     "num_examples",
     "processes",
     "seed",
+    "shards",
     "shuffle",
 )
+# States saved before ``"shards"`` was kept load as saved over an unknown shard count.
+OLD_COMMON_KEYS = tuple(k for k in COMMON_KEYS if k != "shards")
 
 
 def process_key(index: int) -> str:
@@ -136,7 +140,15 @@ def decode(blob: Any, where: str, source: Any) -> Any:
             f"{where}: expected a source's state as GlobalBatchLoader.state_dict() saved it "
             f"(bytes, or None), but got {type(blob).__name__} {blob!r:.60}."
         )
-    saved = pickle.loads(blob)  # the user's own checkpoint
+    try:
+        saved = pickle.loads(blob)  # the user's own checkpoint
+    except Exception as e:  # truncated, garbage, or a class that no longer imports
+        raise ValueError(
+            f"{where}: expected a source's state as GlobalBatchLoader.state_dict() saved it, but "
+            f"its {len(blob)} bytes do not unpickle ({type(e).__name__}: {e}); the checkpoint is "
+            "truncated or corrupt, or its source's classes no longer import. Load a complete "
+            "state that this loader's state_dict() saved."
+        ) from e
     mine = _describe(source)
     if not isinstance(saved, dict) or set(saved) != {"type", "num_workers", "state"}:
         raise ValueError(f"{where}: not a source's state saved by GlobalBatchLoader.state_dict().")
@@ -166,13 +178,15 @@ def decode(blob: Any, where: str, source: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Position:
     """Where an epoch stands in its global order: ``consumed`` examples of epoch ``epoch`` of
-    the order of ``num_examples`` indices shuffled with ``seed`` (if ``shuffle``)."""
+    the order of ``num_examples`` indices shuffled with ``seed`` (if ``shuffle``), read over
+    ``shards`` shards (``None``: not known, a state saved before it was kept)."""
 
     epoch: int
     consumed: int
     num_examples: int
     seed: int
     shuffle: bool
+    shards: int | None = None
 
     def identity(self) -> dict[str, Any]:
         return {"num_examples": self.num_examples, "seed": self.seed, "shuffle": self.shuffle}
@@ -212,6 +226,7 @@ def build(
         "num_examples": None if position is None else position.num_examples,
         "seed": None if position is None else position.seed,
         "shuffle": None if position is None else position.shuffle,
+        "shards": None if position is None else position.shards,
     }
     return {process_key(process): mine, COMMON: common}
 
@@ -275,15 +290,18 @@ def parse(
     hosts: int,
     resizable: bool,
     fix: str,
+    shards: int | None = None,
 ) -> Loaded:
     """Checks ``state_dict`` and returns what to load; raises ``TypeError``/``ValueError``
     naming the key, what was expected and what was found. ``fix``: what would make a state of
-    another number of hosts loadable, for the error of one that is not."""
+    another number of hosts loadable, for the error of one that is not. ``shards``: the
+    samplers' shard count now (``None``: no samplers); a state saved over another count
+    resumes from its position alone, like one saved on another number of hosts."""
     num_sources = len(sources)
     common = state_dict.get(COMMON) if isinstance(state_dict, dict) else None
     if not isinstance(common, dict) or common.get("loader") != KIND:
         raise _kind_error(state_dict)
-    if set(common) != set(COMMON_KEYS):
+    if set(common) not in (set(COMMON_KEYS), set(OLD_COMMON_KEYS)):
         raise ValueError(
             f"state_dict['common']: expected the keys {list(COMMON_KEYS)}, but got "
             f"{sorted(common)}."
@@ -300,8 +318,26 @@ def parse(
             ),
             seed=int(common["seed"]),
             shuffle=bool(common["shuffle"]),
+            shards=(
+                None
+                if common.get("shards") is None
+                else _int(common["shards"], "state_dict['common']['shards']", "a count")
+            ),
         )
-    resized = saved_hosts != hosts or saved_processes != processes
+        if position.consumed > position.num_examples:
+            raise ValueError(
+                f"state_dict['common']['consumed']: expected at most the epoch's "
+                f"{position.num_examples} examples (num_examples) consumed, but got "
+                f"{position.consumed}; the position lies beyond the dataset, so the state is "
+                "corrupt or was edited. Load the state that GlobalBatchLoader.state_dict() saved."
+            )
+    relaid = (
+        position is not None
+        and position.shards is not None
+        and shards is not None
+        and position.shards != shards
+    )
+    resized = saved_hosts != hosts or saved_processes != processes or relaid
     key = process_key(process)
     entry = state_dict.get(key)
     if resized:

@@ -1,7 +1,8 @@
 """The check that copies of a stream do not echo each other: a ``DataLoader`` whose worker
 processes each read the whole stream (``IterableDataset``) instead of their own shard gives
 every example ``num_workers`` times. Its first ``num_workers`` batches come one from each
-worker, in order; when two are equal, the producer raises before the first is handed over."""
+worker, in order; when two are equal, the producer raises before the first is handed over
+(unless the loader's ``allow_equal_batches`` says equal batches are meant)."""
 
 from __future__ import annotations
 
@@ -62,5 +63,6 @@ def echo_error(
         "inside the dataset's __iter__: index, count = torchshard.stream_shard() (over the "
         "processes and the workers) and read shard index of count (HF datasets: "
         "split_dataset_by_node(ds, rank=index, world_size=count) in the main process; datasets "
-        "splits by worker itself)."
+        "splits by worker itself). If the stream is split and its examples are equal on purpose "
+        "(synthetic data such as zeros), pass GlobalBatchLoader(..., allow_equal_batches=True)."
     )

@@ -9,9 +9,11 @@ of data).
   process whose source ended contributes zero rows, ``mask`` ``False`` there, until every
   process's source has ended: the same number of steps and the same shapes everywhere.
 
-Here: padding a host batch (``Template``), the per-batch status a process tells the others
-(``rows_status``, ``ENDED``, ``ENDED_EMPTY``), and the decision every process takes from all
-statuses (``settle``). Deciding needs every process's status: the producer exchanges it at each
+Here: the leaf whose dim 0 counts a batch's examples (``batch_leaf``: the one the user names,
+else the first leaf whose dim 0 the partition splits), padding a host batch (``Template``), the
+per-batch status a process tells the others (``rows_status``, with the rows of its whole batch;
+``ENDED``, ``ENDED_EMPTY``), and the decision every process takes from all statuses
+(``settle``). Deciding needs every process's status: the producer exchanges it at each
 batch on the epoch's channel (``exchanges.py``; the DTensor backend's bounded exchange), also
 with the agreement check off; under ``virtual_hosts`` the producer sees every host's source
 itself.
@@ -29,15 +31,19 @@ from torchshard._core.agreement import END_OF_DATA, disagreement, outcome_disagr
 from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION
+from torchshard._core.ranks import RankSet
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths, unflatten
 from torchshard._core.verdict import Group, Verdict
 from torchshard.data._loader.batch_check import leaf_specs
 
+LeafPath = tuple[Any, ...]
+
 POLICIES = ("error", "drop", "pad")
 ENDED = "ended"  # this process's sources have ended (at this batch or before)
 ENDED_EMPTY = "ended empty"  # they ended before the first batch: nothing to pad with
 _ROWS = "rows "
+_WHOLE = "whole batch "  # the item that carries a process's whole batch size
 
 
 def check_policy(last_batch: Any) -> str:
@@ -50,12 +56,83 @@ def check_policy(last_batch: Any) -> str:
     return last_batch
 
 
-def rows_status(rows: int) -> str:
-    return f"{_ROWS}{rows}"
+def rows_status(rows: int, whole: int | None = None) -> str:
+    """The status of a batch of ``rows`` real rows, of a whole batch's ``whole``."""
+    return f"{_ROWS}{rows}" + ("" if whole is None else f" of {whole}")
 
 
 def rows_of_status(status: str) -> int:
-    return int(status[len(_ROWS) :]) if status.startswith(_ROWS) else 0
+    return int(status[len(_ROWS) :].split(" ")[0]) if status.startswith(_ROWS) else 0
+
+
+def _whole_of_status(status: str) -> int | None:
+    """The whole batch size a status carries (``"rows 3 of 4"``, ``"ended of 4"``), if any."""
+    parts = status.split(" of ") if status.startswith((_ROWS, ENDED)) else []
+    return int(parts[1]) if len(parts) == 2 else None
+
+
+def leaf_path(named: Any) -> LeafPath | None:
+    """``batch_leaf=`` as a path of keys: a key (``"input_ids"``) or a tuple of keys and indices
+    (``("inputs", "ids")``); ``None``: not named."""
+    if named is None:
+        return None
+    if isinstance(named, tuple) and named:
+        return named
+    if isinstance(named, (str, int)) and not isinstance(named, bool):
+        return (named,)
+    raise TypeError(
+        f"batch_leaf: expected the path of the leaf that carries the batch dimension, a key "
+        f"(batch_leaf='input_ids') or a tuple of keys and indices (batch_leaf=('inputs', "
+        f"'ids')), or None, but got {named!r} of type {type(named).__name__}."
+    )
+
+
+def _splits_dim0(spec: Any) -> bool:
+    return isinstance(spec, PartitionSpec) and len(spec) > 0 and spec[0] is not None
+
+
+def batch_leaf(
+    tree: Any, *, named: LeafPath | None, specs: list[Any] | None, name: str
+) -> tuple[int, str]:
+    """``(index, path)`` of the leaf of ``tree`` whose dim 0 counts its examples: the one
+    ``named`` (``leaf_path``), else the first with a dim 0 that its spec splits (``specs``: each
+    leaf's, ``None``: not known), else the first with a dim 0. Raises ``ShardingError`` naming
+    the leaves when there is none (or the named one is not there, or has no dim 0)."""
+    leaves, treespec = flatten(tree)
+    shown = paths(treespec, name)
+    if named is not None:
+        keys = [tuple(p) for p in treespec.paths()]
+        if named not in keys:
+            raise ShardingError(
+                f"GlobalBatchLoader(batch_leaf={named if len(named) > 1 else named[0]!r}): "
+                f"{name} has no leaf at that path; its leaves are {shown}. Name the leaf whose "
+                "dim 0 holds the batch's examples (a key, or a tuple of keys for a nested one)."
+            )
+        i = keys.index(named)
+        if _rows(leaves[i]) is None:
+            raise ShardingError(
+                f"GlobalBatchLoader(batch_leaf=...): {shown[i]} has no batch dimension (it is "
+                f"{_kind(leaves[i])}); name a leaf whose dim 0 holds the batch's examples."
+            )
+        return i, shown[i]
+    with_rows = [i for i, x in enumerate(leaves) if _rows(x) is not None]
+    split = [i for i in with_rows if specs is None or _splits_dim0(specs[i])]
+    chosen = split or with_rows
+    if not chosen:
+        kinds = ", ".join(f"{p}: {_kind(x)}" for p, x in zip(shown, leaves, strict=True))
+        raise ShardingError(
+            f"GlobalBatchLoader: {name} has no leaf with a batch dimension (dim 0) to count its "
+            f"examples (needed by last_batch= and the position in the epoch); its leaves: "
+            f"{kinds or 'none'}. Add one, or name it with batch_leaf=..."
+        )
+    return chosen[0], shown[chosen[0]]
+
+
+def _kind(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return f"a {type(x).__name__}"
+    return f"of shape {tuple(int(n) for n in shape)}" if len(shape) else "0-d"
 
 
 def full_rows(source: Any) -> int | None:
@@ -71,23 +148,38 @@ def _rows(x: Any) -> int | None:
 
 class Template:
     """A host's whole batch, learnt from its first: the structure, and per leaf the shape (dim
-    0 the batch's ``full`` rows where the leaf has the batch's rows), dtype and kind."""
+    0 the batch's ``full`` rows where the leaf has the batch's rows), dtype and kind. The rows
+    are counted on leaf ``index`` (default: ``batch_leaf``'s; its path: ``leaf``); ``specs``:
+    each leaf's spec, if known (a leaf whose dim 0 is not split, a per-batch table, keeps its
+    shape)."""
 
-    def __init__(self, first: Any, full: int | None, *, name: str) -> None:
+    def __init__(
+        self,
+        first: Any,
+        full: int | None,
+        *,
+        name: str,
+        index: int | None = None,
+        specs: list[Any] | None = None,
+    ) -> None:
+        if index is None:
+            index, _ = batch_leaf(first, named=None, specs=specs, name=name)
         leaves, self.treespec = flatten(first)
-        if not leaves or _rows(leaves[0]) is None:
+        rows = _rows(leaves[index])
+        if rows is None:
             raise ShardingError(
-                f"GlobalBatchLoader(last_batch=...): {name} needs a batch whose first leaf has a "
-                "batch dimension (dim 0) to count and pad rows, but got "
-                f"{type(leaves[0]).__name__ if leaves else 'no leaves'}."
+                f"GlobalBatchLoader: {paths(self.treespec, name)[index]} has no batch dimension "
+                f"(it is {_kind(leaves[index])}); name a leaf whose dim 0 holds the batch's "
+                "examples with batch_leaf=..."
             )
-        rows = _rows(leaves[0])
-        assert rows is not None
+        self.index = index
+        self.leaf = paths(self.treespec, name)[index]
         self.rows = full if full is not None and full >= rows else rows
         self.shapes = []
-        for x in leaves:
+        for i, x in enumerate(leaves):
             shape = tuple(int(n) for n in getattr(x, "shape", ()))
-            if shape and shape[0] == rows:
+            batchy = specs is None or i == index or _splits_dim0(specs[i])
+            if shape and shape[0] == rows and batchy:
                 shape = (self.rows, *shape[1:])
             self.shapes.append(shape)
         self.leaves = leaves
@@ -99,12 +191,14 @@ class Template:
         leaves, treespec = flatten(tree)
         if treespec != self.treespec or not leaves:
             return None
-        rows = _rows(leaves[0])
+        rows = _rows(leaves[self.index])
         if rows is None or rows >= self.rows:
             return None
         for x, shape in zip(leaves, self.shapes, strict=True):
             got = tuple(int(n) for n in getattr(x, "shape", ()))
-            if not got or got[1:] != shape[1:] or not (got[0] == rows or got == shape):
+            if got == shape:  # a leaf without the batch's rows (a table, a 0-d value)
+                continue
+            if not got or got[1:] != shape[1:] or got[0] != rows:
                 return None
         return rows
 
@@ -149,12 +243,35 @@ def leaf_paths(tree: Any, name: str) -> list[str]:
     return paths(flatten(tree)[1], name)
 
 
-def mask_partition(mesh: Mesh, spec_tree: Any, batch: Any) -> Any:
-    """The mask's partition: dim 0 split like the batch's (its first leaf's). Under the mesh."""
+def mask_partition(mesh: Mesh, spec_tree: Any, batch: Any, keys: LeafPath | None = None) -> Any:
+    """The mask's partition: dim 0 split like the batch's (that of its leaf at the path
+    ``keys``, the one that carries the batch dimension, else its first leaf). Under the mesh."""
     if spec_tree is DEFAULT_PARTITION:
         return DEFAULT_PARTITION
-    first = leaf_specs(mesh, spec_tree, batch)[0]
-    return PartitionSpec(first[0]) if len(first) else PartitionSpec()
+    specs = leaf_specs(mesh, spec_tree, batch)
+    found = [tuple(p) for p in flatten(batch)[1].paths()]
+    spec = specs[found.index(keys)] if keys in found else specs[0]
+    return PartitionSpec(spec[0]) if len(spec) else PartitionSpec()
+
+
+def specs_of(mesh: Mesh, spec_tree: Any, batch: Any) -> list[Any] | None:
+    """Each leaf's spec (``leaf_specs``), or ``None`` where the partition does not fit this
+    (logical) batch: its placing reports that."""
+    try:
+        specs = leaf_specs(mesh, spec_tree, batch)
+    except (ValueError, TypeError):  # ShardingError and TreeStructureError included
+        return None
+    return specs if len(specs) == len(flatten(batch)[0]) else None
+
+
+def ended_status(whole: int | None) -> str:
+    """The status of a process whose sources have all ended and that pads (``"pad"``): ended,
+    with the rows of its whole batch (compared with the others')."""
+    return ENDED if whole is None else f"{ENDED} of {whole}"
+
+
+def _ended(status: str) -> bool:
+    return status == ENDED or status.startswith(f"{ENDED} of ")
 
 
 def status_counts(status: str) -> list[int]:
@@ -163,20 +280,22 @@ def status_counts(status: str) -> list[int]:
     nothing to pad with)."""
     return [
         rows_of_status(status),
-        int(status in (ENDED, ENDED_EMPTY)),
+        int(_ended(status) or status == ENDED_EMPTY),
         int(status == ENDED_EMPTY),
     ]
 
 
 def status_items(status: str, made: bool) -> list[str]:
     """What a process's status adds to the items it compares: ``[ENDED_EMPTY]`` (named in the
-    error), ``[ENDED]`` when it has no batch (``"drop"``), else nothing (a padded batch is
-    compared as a batch)."""
+    error), ``[ENDED]`` when it has no batch (``"drop"``), else the size of its whole batch when
+    known (alike on every process, so it costs nothing to compare; a padded batch is compared
+    as a batch)."""
     if status == ENDED_EMPTY:
         return [ENDED_EMPTY]
-    if status == ENDED and not made:
+    if _ended(status) and not made:
         return [ENDED]
-    return []
+    whole = _whole_of_status(status)
+    return [] if whole is None else [f"{_WHOLE}{whole}"]
 
 
 def settle(
@@ -201,6 +320,23 @@ def settle(
             for g in groups
         ]
         raise outcome_disagreement(what, simple, where)
+    wholes: dict[str, RankSet] = {}
+    for g in groups:
+        w = next((i for i in g.items if i.startswith(_WHOLE)), None)
+        if w is not None:
+            wholes[w] = wholes[w] | g.ranks if w in wholes else g.ranks
+    if len(wholes) > 1:
+        seen = ", ".join(f"{w[len(_WHOLE) :]} on process(es) [{r}]" for w, r in wholes.items())
+        raise ProcessDisagreementError(
+            at(
+                what,
+                f"last_batch={policy!r} needs one size of a whole batch, but it has {seen}: "
+                "each process takes its source's batch_size (a DataLoader's), else its first "
+                "batch's rows, so a source whose first batch is short (or another batch size) "
+                "cannot be told from a whole one. Give every process's source the same "
+                "batch_size (a DataLoader's), or first batches of the whole size.",
+            )
+        )
     rows, ended, empty = (*verdict.sums, 0, 0, 0)[:3]
     if policy == "drop" and ended:
         return True, rows

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from torchshard._backend.registry import default_name, lookup
 from torchshard._core.checks import nonnegative_int, positive_int
 from torchshard._core.context import current_mesh, thread_mesh
 from torchshard._core.errors import NoMeshError, ShardingError, at
@@ -31,17 +32,18 @@ from torchshard._core.topology import Topology
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
-from torchshard.data._loader import checkpoint
+from torchshard.data._loader import checkpoint, length
 from torchshard.data._loader.cursor import Cursor
 from torchshard.data._loader.epoch import Closer, Epoch
 from torchshard.data._loader.exchanges import Exchanges
-from torchshard.data._loader.last_batch import check_policy
+from torchshard.data._loader.last_batch import LeafPath, check_policy, leaf_path
 from torchshard.data._loader.local import LocalEpoch
 from torchshard.data._loader.plan import plan_epoch
 from torchshard.data._loader.producer import producer_for
 from torchshard.data._loader.source import forward_set_epoch, source_attribute
 from torchshard.data._loader.stats import Counters, LoaderStats
-from torchshard.data._stream_shard import record_for_workers
+from torchshard.data._packer import refuse_packed_context_parallel
+from torchshard.data._stream_shard import record_for_workers, workers_recorded
 
 
 class GlobalBatchLoader(Iterable[Any]):
@@ -90,12 +92,22 @@ class GlobalBatchLoader(Iterable[Any]):
               are ``False`` too).
 
             With ``"drop"``/``"pad"`` on several processes (DTensor), every ``next()``
-            exchanges each process's status through the default group's store, also with the
-            agreement check off (bounded by the group's timeout, like the check).
+            exchanges each process's status with the others (torchshard's exchange tree), also
+            with the agreement check off (bounded by the group's timeout, like the check).
         local: yield ``torchshard.to_local(batch)`` (DTensor leaves as this process's local
             blocks, no copy) for steps that compute per process: FSDP2, DDP, torchtitan. The
             checks and the agreement between processes still run on the global batch. On
             torch_xla the batch is unchanged (its SPMD step takes global tensors).
+        batch_leaf: the leaf whose dim 0 holds the batch's examples, which ``last_batch``
+            counts, pads and masks and the position in the epoch counts: its key
+            (``"input_ids"``) or a tuple of keys and indices for a nested leaf (``("inputs",
+            "ids")``). Default: the first leaf (in tree order: a dict's sorted keys) whose dim 0
+            the partition splits; name it when that is a per-batch table or another leaf
+            without the batch's rows.
+        allow_equal_batches: batches that are equal on purpose (synthetic data such as zeros,
+            replicas meant to repeat): a DataLoader whose worker processes yield the same first
+            batch from a stream is then not refused as workers that each read the whole
+            stream.
 
     As a ``DataLoader`` does, the loader has ``sampler``, ``batch_sampler`` and ``dataset``
     (the source's, ``None`` where it has none) and ``set_epoch(epoch)`` (forwarded to the
@@ -138,6 +150,8 @@ class GlobalBatchLoader(Iterable[Any]):
         prefetch_bytes: int | None = None,
         last_batch: str = "error",
         local: bool = False,
+        batch_leaf: Any = None,
+        allow_equal_batches: bool = False,
     ) -> None:
         self._setup(
             [loader],
@@ -149,6 +163,8 @@ class GlobalBatchLoader(Iterable[Any]):
             prefetch_bytes=prefetch_bytes,
             last_batch=last_batch,
             local=local,
+            batch_leaf=batch_leaf,
+            allow_equal_batches=allow_equal_batches,
         )
 
     def _setup(
@@ -163,6 +179,8 @@ class GlobalBatchLoader(Iterable[Any]):
         prefetch_bytes: int | None = None,
         last_batch: str = "error",
         local: bool = False,
+        batch_leaf: Any = None,
+        allow_equal_batches: bool = False,
     ) -> None:
         for h, s in enumerate(sources):
             if not isinstance(s, Iterable):
@@ -197,6 +215,12 @@ class GlobalBatchLoader(Iterable[Any]):
         self._prefetch_bytes = prefetch_bytes
         if not isinstance(local, bool):
             raise TypeError(f"local: expected a bool, but got {local!r}.")
+        if not isinstance(allow_equal_batches, bool):
+            raise TypeError(
+                f"allow_equal_batches: expected a bool, but got {allow_equal_batches!r}."
+            )
+        self._batch_leaf: LeafPath | None = leaf_path(batch_leaf)
+        self._equal_batches = allow_equal_batches
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"mesh: expected a torchshard.Mesh or None, but got {mesh!r}.")
         self._sources = sources
@@ -216,6 +240,7 @@ class GlobalBatchLoader(Iterable[Any]):
         self._resume_at: int | None = None
         self._resume_consumed = 0
         self._last_mesh: MeshValue | None = None
+        self._epoch_set: int | None = None  # the last set_epoch(); a sampler's epoch wins
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GlobalBatchLoader:
         raise TypeError(
@@ -242,6 +267,7 @@ class GlobalBatchLoader(Iterable[Any]):
             )
         with thread_mesh(mesh):
             self._check_hosts(current_topology(mesh))
+            refuse_packed_context_parallel(self._sources, self._partition, self._dispatchers, mesh)
         samplers = checkpoint.samplers(self._sources)
         plan = plan_epoch(
             mesh,
@@ -254,6 +280,8 @@ class GlobalBatchLoader(Iterable[Any]):
             prefetch_bytes=self._prefetch_bytes,
             first=self._resume_at or 0,
             samplers=samplers,
+            batch_leaf=self._batch_leaf,
+            equal_batches=self._equal_batches,
         )
         checks = plan.backend.processes
         exchanges = None
@@ -264,7 +292,8 @@ class GlobalBatchLoader(Iterable[Any]):
         with thread_mesh(mesh):  # DataLoader workers start here, in this thread
             for h, s in enumerate(self._sources):
                 record_for_workers(mesh, topology, process_index=topology.data_hosts[h])
-                its.append(iter(s))
+                with workers_recorded(s):  # forkserver workers: the record, not the server's
+                    its.append(iter(s))
         consumed = self._resume_consumed if self._resume_at is not None else None
         self._resume_at, self._resume_consumed = None, 0
         if consumed is None:
@@ -273,7 +302,7 @@ class GlobalBatchLoader(Iterable[Any]):
             plan, its, self._sources, self._dispatchers, self._counters, exchanges
         )
         # A new cursor per epoch: an earlier epoch's iterator can no longer move the position.
-        self._cursor = Cursor(producer.snapshot(), plan.first, consumed)
+        self._cursor = Cursor(producer.snapshot(), plan.first, consumed, self._present_epoch())
         self._last_mesh = mesh
         epoch = Epoch(
             plan,
@@ -332,14 +361,51 @@ class GlobalBatchLoader(Iterable[Any]):
         self.close(timeout=0 if interrupted else None)
 
     def __len__(self) -> int:
-        lens = []
-        for s in self._sources:
-            if not hasattr(s, "__len__"):
-                raise TypeError(f"GlobalBatchLoader: the source ({type(s).__name__}) has no len().")
-            lens.append(len(s))
-        if len(set(lens)) > 1:
-            raise ValueError(f"GlobalBatchLoader: the hosts' sources differ in length: {lens}.")
-        return lens[0]
+        """The batches an epoch yields, the same on every process: with ``last_batch="pad"``
+        the longest source's, with ``"drop"`` the fewest whole batches (those before the
+        first short one) of any source, with ``"error"`` the sources' common length; from the
+        sources' ``len()`` (and, for ``"drop"``, their ``batch_size`` and examples).
+
+        On several processes (DTensor) the processes' counts are exchanged (one bounded
+        exchange, on the calling thread: call ``len()`` on every process, as Lightning does).
+
+        Raises:
+            TypeError: a length that cannot be known (a source without ``len()``; with
+                ``"drop"``, a source without ``batch_size``), on every process alike.
+            ValueError: with ``"error"``, sources that yield different numbers of batches.
+            NoMeshError: on several processes, outside any mesh (the counts are exchanged
+                between the mesh's processes): call it inside ``with mesh:`` or pass ``mesh=``.
+        """
+        mesh = self._mesh or current_mesh() or self._last_mesh
+        dispatcher = None if self._dispatchers is None else self._dispatchers[0]
+        rows = length.batch_rows(mesh, self._partition, dispatcher, self._batch_leaf)
+        drop = self._last_batch == "drop"
+        size = length.whole_size(self._sources, rows) if drop else None
+        counts = [length.count(s, rows, need_whole=drop, size=size) for s in self._sources]
+        every, names = [counts], ["this process"]
+        processes = 1
+        if not self._per_host:
+            if mesh is not None:
+                processes = current_topology(mesh).process_count
+            elif default_name() == "dtensor":  # (never starts torch_xla's runtime to ask)
+                processes = current_topology(None).process_count
+        if processes > 1:
+            if mesh is None:
+                raise NoMeshError(
+                    f"len(GlobalBatchLoader) on {processes} processes exchanges their sources' "
+                    "lengths between the mesh's processes, but there is no mesh: call len() "
+                    "inside `with mesh:` or pass GlobalBatchLoader(..., mesh=mesh)."
+                )
+            checks = lookup(mesh).processes
+            if checks is not None:
+                every, names = length.exchange(checks, mesh, counts)
+
+        def where(p: int, h: int) -> str:
+            if len(every) > 1:
+                return f"{names[p]}'s source"
+            return f"host {h}'s source" if self._per_host else "the source"
+
+        return length.epoch_length(self._last_batch, every, where=where)
 
     # -- the DataLoader protocol (_source.py) ------------------------------------------------
     @property
@@ -365,6 +431,13 @@ class GlobalBatchLoader(Iterable[Any]):
             TypeError: ``epoch`` not an int >= 0; a source with nothing to set the epoch on.
         """
         forward_set_epoch(self._sources, epoch)
+        self._epoch_set = epoch
+
+    def _present_epoch(self) -> int | None:
+        """The epoch the next ``iter()`` reads: the samplers' (``host_sampler``), else the last
+        ``set_epoch``'s (``None``: not known)."""
+        samplers = checkpoint.samplers(self._sources)
+        return samplers[0].epoch if samplers else self._epoch_set
 
     @property
     def stats(self) -> LoaderStats:
@@ -382,12 +455,14 @@ class GlobalBatchLoader(Iterable[Any]):
         topology = current_topology(mesh)
         return topology.process_index, topology.process_count, topology.process_count
 
-    def _position(self) -> checkpoint.Position | None:
+    def _position(self, consumed: int) -> checkpoint.Position | None:
         samplers = checkpoint.samplers(self._sources)
         if samplers is None:
             return None
         s = samplers[0]
-        return checkpoint.Position(epoch=s.epoch, consumed=self._cursor.consumed, **s.identity())
+        return checkpoint.Position(
+            epoch=s.epoch, consumed=consumed, shards=s.num_replicas, **s.identity()
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The position of the consumer, taken now: a snapshot nothing changes afterwards.
@@ -397,8 +472,11 @@ class GlobalBatchLoader(Iterable[Any]):
         source's state after the last batch the consumer took (a deep copy taken then, pickled:
         batches prefetched but not yet taken are not counted, so a resume yields them again);
         ``"common"``, the same on every process, holds how many processes and data hosts saved
-        it and, for sources that read through ``torchshard.host_sampler``, the epoch and the
-        examples of its global order consumed, which any number of hosts can resume from.
+        it and, for sources that read through ``torchshard.host_sampler``, the epoch, the
+        examples of its global order consumed and the samplers' shard count: any number of
+        hosts, or another layout of as many, resumes from that position. After a loop broken
+        off mid-epoch and ``set_epoch(e)`` for another epoch, the state is epoch ``e`` from its
+        start (what the next ``iter()`` reads).
 
         Sources: ``state_dict()``/``load_state_dict()`` (``StatefulDataLoader``,
         ``torchdata.nodes.Loader``), ``get_state()``/``set_state()`` (grain), or a
@@ -413,17 +491,23 @@ class GlobalBatchLoader(Iterable[Any]):
         """
         self._require_checkpointable("state_dict")
         process, processes, hosts = self._where()
-        snapshot = self._cursor.snapshot
+        cursor = self._cursor
+        snapshot, next_batch, consumed = cursor.snapshot, cursor.next_batch, cursor.consumed
+        if cursor.superseded(self._present_epoch()):
+            # A loop broken off mid-epoch, then set_epoch(e) for another epoch: the next iter()
+            # starts epoch e at its beginning (a new pass of every source), and so does a resume.
+            samplers = checkpoint.samplers(self._sources)
+            snapshot, next_batch, consumed = None, 0, samplers[0].start if samplers else 0
         states = list(snapshot) if snapshot is not None else [None] * len(self._sources)
         return checkpoint.build(
             process=process,
             per_host=self._per_host,
             sources=self._sources,
             states=states,
-            next_batch=self._cursor.next_batch,
+            next_batch=next_batch,
             processes=processes,
             hosts=hosts,
-            position=self._position(),
+            position=self._position(consumed),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any], /) -> None:
@@ -463,6 +547,7 @@ class GlobalBatchLoader(Iterable[Any]):
             processes=processes,
             hosts=hosts,
             resizable=samplers is not None,
+            shards=samplers[0].num_replicas if samplers else None,
             fix=(
                 "Resume on the same number of processes, or feed map-style data through "
                 "torchshard.host_sampler: its position in the epoch's global order resumes on "
@@ -506,7 +591,12 @@ class GlobalBatchLoader(Iterable[Any]):
                 raise
         self._resume_at = loaded.next_batch
         self._resume_consumed = position.consumed if position is not None else 0
-        self._cursor = Cursor(list(loaded.states), loaded.next_batch, self._resume_consumed)
+        self._cursor = Cursor(
+            list(loaded.states),
+            loaded.next_batch,
+            self._resume_consumed,
+            position.epoch if position is not None else None,
+        )
 
     def _require_checkpointable(self, method: str) -> None:
         for s in self._sources:
@@ -554,6 +644,8 @@ def per_host_loader(
     prefetch: int,
     prefetch_bytes: int | None = None,
     last_batch: str = "error",
+    batch_leaf: Any = None,
+    allow_equal_batches: bool = False,
 ) -> GlobalBatchLoader:
     """A ``GlobalBatchLoader`` with one source (and dispatcher) per host this process supplies
     (``torchshard.testing.global_batch_loader_per_host``); everything else is the same."""
@@ -567,5 +659,7 @@ def per_host_loader(
         per_host=True,
         prefetch_bytes=prefetch_bytes,
         last_batch=last_batch,
+        batch_leaf=batch_leaf,
+        allow_equal_batches=allow_equal_batches,
     )
     return loader

@@ -26,7 +26,7 @@ from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION, feed_partition
 from torchshard._mesh.context import current_topology
 from torchshard._step.protocol import Dispatcher
-from torchshard.data._loader.last_batch import full_rows
+from torchshard.data._loader.last_batch import LeafPath, full_rows
 from torchshard.data._loader.stats import warmup_batches
 from torchshard.data._sampler import HostSampler
 
@@ -55,6 +55,10 @@ class EpochPlan:
         warmup: how many first batches are the epoch's warm-up (``stats.warmup_batches``).
         share: ``(shards, hosts)``: the examples of a global batch are the processes' real rows
             times ``shards / hosts`` (``None``: no global position is kept).
+        batch_leaf: the path of the leaf whose dim 0 counts a batch's examples (``None``: the
+            first leaf whose dim 0 the partition splits).
+        equal_batches: batches that are equal on purpose: a DataLoader's workers yielding the
+            same first batch are not taken for copies of one stream.
     """
 
     mesh: Mesh
@@ -73,6 +77,8 @@ class EpochPlan:
     full: tuple[int | None, ...] = (None,)
     warmup: int = 1
     share: tuple[int, int] | None = None
+    batch_leaf: LeafPath | None = None
+    equal_batches: bool = False
 
     def __post_init__(self) -> None:
         if (self.agree or self.exchange) != (self.channel is not None):
@@ -108,6 +114,8 @@ def plan_epoch(
     prefetch_bytes: int | None,
     first: int,
     samplers: Sequence[HostSampler] | None,
+    batch_leaf: LeafPath | None = None,
+    equal_batches: bool = False,
 ) -> EpochPlan:
     """The plan of an epoch of ``sources`` on ``mesh``; runs the backend's set-up collectives
     and opens the epoch's channel, so it is called on the thread that runs the program, in
@@ -158,4 +166,6 @@ def plan_epoch(
         full=tuple(full_rows(s) for s in sources),
         warmup=warmup_batches(sources),
         share=share,
+        batch_leaf=batch_leaf,
+        equal_batches=equal_batches,
     )

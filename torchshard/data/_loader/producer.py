@@ -56,10 +56,14 @@ from torchshard.data._loader.exchanges import Exchanges, judge
 from torchshard.data._loader.last_batch import (
     ENDED,
     ENDED_EMPTY,
+    LeafPath,
     Template,
+    batch_leaf,
+    ended_status,
     mask_partition,
     rows_status,
     settle,
+    specs_of,
     status_counts,
     status_items,
 )
@@ -120,6 +124,10 @@ class Tally:
 _END = object()
 
 
+# How errors name a part of a host's tree, per host (``global_batch_loader_per_host``).
+_PER_HOST = {"batch": "host_batches", "mask": "host_masks"}
+
+
 class Producer:
     """Makes global batch ``plan.first + i`` (``self(i)``), exchanging each batch's outcome at
     once when the plan has a channel (the mode of a plan without ``pipeline``).
@@ -171,6 +179,9 @@ class Producer:
         self.ended = [False] * n
         self.pending: list[list[Any]] = [[] for _ in range(n)]
         self.echo_checked = [False] * n
+        # The leaf whose dim 0 counts a batch's examples, learnt from the first batch:
+        # (its index, its path in the errors, its keys), ``batch_leaf``.
+        self.leaf: tuple[int, str, LeafPath] | None = None
 
     def snapshot(self) -> list[Any] | None:
         """The sources' states now, deep copies (``None`` unless every source is stateful)."""
@@ -196,9 +207,10 @@ class Producer:
                         break
                     first.append(x)
                 host = h if self.plan.per_host else None
-                error = echo_error(first, workers, host=host, batch=n)
-                if error is not None:
-                    raise error
+                if not self.plan.equal_batches:
+                    error = echo_error(first, workers, host=host, batch=n)
+                    if error is not None:
+                        raise error
                 self.pending[h] = first[1:]
                 return first[0] if first else _END
         return next(it, _END)
@@ -225,12 +237,46 @@ class Producer:
             hosts.append(x)
         return hosts
 
-    def _template(self, h: int, x: Any) -> Template:
-        t = self.templates[h]
-        if t is None:
+    def _leaf(self, h: int, x: Any) -> tuple[int, str, LeafPath]:
+        """The leaf of host batch ``x`` that carries the batch dimension (``batch_leaf``),
+        learnt from the first batch (the later ones have its structure: ``BatchChecker``)."""
+        if self.leaf is None:
+            plan = self.plan
+            name = "batch" if not plan.per_host else f"host_batches[{h}]"
+            specs = None if plan.batch_leaf is not None else specs_of(plan.mesh, plan.spec, x)
+            try:
+                index, path = batch_leaf(x, named=plan.batch_leaf, specs=specs, name=name)
+            except ShardingError:
+                if plan.policy != "error" or plan.batch_leaf is not None:
+                    raise
+                self.leaf = (-1, "", ())  # no leaf has a dim 0: the batch counts no examples
+                return self.leaf
+            keys = tuple(flatten(x)[1].paths()[index])
+            self.leaf = (index, path, keys)
+        return self.leaf
+
+    def _rows(self, h: int, x: Any) -> int:
+        """Host batch ``x``'s examples: dim 0 of its leaf that carries the batch dimension."""
+        index = self._leaf(h, x)[0]
+        leaves, _ = flatten(x)
+        shape = getattr(leaves[index], "shape", None) if 0 <= index < len(leaves) else None
+        return int(shape[0]) if shape is not None and len(shape) else 0
+
+    def _templates(self, got: list[Any]) -> None:
+        """Every host's template, from its first batch (``got[h]``, ``None`` for a host whose
+        source is empty), all with one whole size: a source's ``batch_size``, else the largest
+        first batch (a host whose first batch is already its short last one is padded)."""
+        rows = [self._rows(h, x) for h, x in enumerate(got) if x is not None]
+        known = [f for f in self.full if f is not None]
+        whole = max(known + rows) if known or rows else None
+        index = self.leaf[0] if self.leaf is not None else None
+        for h, x in enumerate(got):
+            if x is None or self.templates[h] is not None:
+                continue
             name = "batch" if not self.plan.per_host else f"host_batches[{h}]"
-            t = self.templates[h] = Template(x, self.full[h], name=name)
-        return t
+            specs = specs_of(self.plan.mesh, self.plan.spec, x)
+            full = self.full[h] if self.full[h] is not None else whole
+            self.templates[h] = Template(x, full, name=name, index=index, specs=specs)
 
     def _pull_ends(self, n: int) -> tuple[list[Any], list[Any] | None, list[int], str]:
         """``last_batch="drop"``/``"pad"``: ``(batches, masks, real rows per host, status)``.
@@ -240,30 +286,37 @@ class Producer:
         the processes exchange). Pad: short batches padded, ended hosts padding only."""
         policy, exchange = self.plan.policy, self.plan.exchange
         got: list[Any] = []
-        rows: list[int] = []
         for h in range(len(self.its)):
             x = _END if self.ended[h] else self._next_of(h, n)
             if x is _END:
                 self.ended[h] = True
                 got.append(None)
+            else:
+                got.append(x)
+        if all(t is None for t in self.templates) and any(x is not None for x in got):
+            self._templates(got)
+        rows: list[int] = []
+        for h, x in enumerate(got):
+            if x is None:
                 rows.append(0)
                 continue
-            t = self._template(h, x)
+            t = self.templates[h]
+            assert t is not None
             short = t.short(x)
-            got.append(x)
             rows.append(t.rows if short is None else short)
             if short is not None and policy == "drop":
                 self.ended[h] = True
         self.tally.read += sum(rows)
+        known = next((t for t in self.templates if t is not None), None)
+        whole = None if known is None else sum((t or known).rows for t in self.templates)
         if policy == "drop":
             if all(x is not None and not self.ended[h] for h, x in enumerate(got)):
-                return got, None, rows, rows_status(sum(rows))
+                return got, None, rows, rows_status(sum(rows), whole)
             if not exchange:
                 raise StopIteration(self.snapshot())
             return [], None, rows, ENDED
         if all(self.ended) and not exchange:
             raise StopIteration(self.snapshot())
-        known = next((t for t in self.templates if t is not None), None)
         if known is None:  # no host had a batch yet: nothing to pad with
             if not exchange:
                 raise StopIteration(self.snapshot())
@@ -276,7 +329,7 @@ class Producer:
             else:
                 batches.append(x if rows[h] == t.rows else t.pad(x, rows[h]))
             masks.append(t.mask(rows[h]))
-        status = ENDED if all(self.ended) else rows_status(sum(rows))
+        status = ended_status(whole) if all(self.ended) else rows_status(sum(rows), whole)
         return batches, masks, rows, status
 
     # -- one batch ------------------------------------------------------------------------
@@ -385,7 +438,7 @@ class Producer:
         status = ""
         if plan.policy == "error":
             hosts = self._pull(n)
-            rows = sum(_rows(b) for b in hosts)
+            rows = sum(self._rows(h, b) for h, b in enumerate(hosts))
         else:
             hosts, masks, per, status = self._pull_ends(n)
             rows = sum(per)
@@ -394,7 +447,16 @@ class Producer:
             return None, snapshot, None, rows, status, 0
         per_host = len(hosts) > 1
         for h, b in enumerate(hosts):
-            self.check(b, batch=n, host=h if per_host else None)
+            try:
+                self.check(b, batch=n, host=h if per_host else None)
+            except ShardingError as e:
+                if plan.policy != "error" and self.leaf is not None:
+                    e.add_note(
+                        f"(last_batch={plan.policy!r} counts a batch's rows on "
+                        f"{self.leaf[1]}, the leaf that carries the batch dimension; if "
+                        "another leaf does, name it: GlobalBatchLoader(..., batch_leaf=...))"
+                    )
+                raise
         if self.dispatchers is not None:
             hosts = [
                 d.logical_to_physical_batch(b) for d, b in zip(self.dispatchers, hosts, strict=True)
@@ -423,16 +485,17 @@ class Producer:
                 out = self._to_global(hosts, plan.spec)
             else:
                 if self.mask_spec is None:
-                    self.mask_spec = mask_partition(plan.mesh, plan.spec, hosts[0])
+                    keys = self.leaf[2] if self.leaf is not None else None
+                    self.mask_spec = mask_partition(plan.mesh, plan.spec, hosts[0], keys)
                 # FULL (the default) checks the batch dim over the whole tree: its own call
                 if plan.spec is DEFAULT_PARTITION or isinstance(plan.spec, DataPartitionType):
                     out = (
                         self._to_global(hosts, plan.spec),
-                        self._to_global(masks, self.mask_spec),
+                        self._to_global(masks, self.mask_spec, ("mask",)),
                     )
                 else:  # one engine call for the batch and its mask (two cost a 1 MiB step ~20 %)
                     pairs = [(b, m) for b, m in zip(hosts, masks, strict=True)]
-                    out = self._to_global(pairs, (plan.spec, self.mask_spec))
+                    out = self._to_global(pairs, (plan.spec, self.mask_spec), ("batch", "mask"))
         except IndivisibleError as e:
             raise indivisible_error(
                 e,
@@ -445,11 +508,21 @@ class Producer:
         self.counters.add(bytes=nbytes, transfer_seconds=time.perf_counter() - t0)
         return out, snapshot, hosts[0], rows, status, nbytes
 
-    def _to_global(self, hosts: list[Any], spec: Any) -> Any:
-        """``host_to_global_array`` of the hosts' batches, without the agreement step."""
+    def _to_global(self, hosts: list[Any], spec: Any, parts: tuple[str, ...] = ("batch",)) -> Any:
+        """``host_to_global_array`` of the hosts' batches, without the agreement step; errors
+        name the leaves as the batch's (``batch['x']``, ``host_batches[1]['x']``; ``parts``:
+        the names of what each host's tree holds, a tuple of them when there are several)."""
         plan = self.plan
         topology = current_topology(plan.mesh)
-        call = read(hosts, topology, spec, per_host=plan.per_host)
+        names = tuple(_PER_HOST[p] for p in parts) if plan.per_host else parts
+        call = read(
+            hosts,
+            topology,
+            spec,
+            per_host=plan.per_host,
+            name=names[0],
+            parts=names if len(names) > 1 else None,
+        )
         return to_global(plan.mesh, plan.backend, topology, call, background=plan.background)
 
 
@@ -548,10 +621,3 @@ def producer_for(
     ``Producer``."""
     kind = PipelinedProducer if plan.pipeline else Producer
     return kind(plan, its, sources, dispatchers, counters, exchanges)
-
-
-def _rows(tree: Any) -> int:
-    """A host batch's examples: dim 0 of its first leaf (0 when it has none)."""
-    leaves, _ = flatten(tree)
-    shape = getattr(leaves[0], "shape", None) if leaves else None
-    return int(shape[0]) if shape is not None and len(shape) else 0
