@@ -214,3 +214,18 @@ def test_a_torchax_model_consumes_the_batch_and_keeps_its_sharding(jax):
             y = torchax.compile(linear)(g)
     assert y.jax().sharding.spec == jax.sharding.PartitionSpec("data")
     np.testing.assert_allclose(np.asarray(y.jax()), x @ w.T + b, atol=1e-5)
+
+
+def test_logical_rows_the_mesh_does_not_divide_come_back_replicated(jax):
+    """6 logical rows over 8 devices: JAX cannot lay them out eagerly, so dispatch asks for
+    P() (splits_unevenly is False) and the rows move as bits."""
+    mesh = ts.create_device_mesh((8,), ("data",), backend="torchax")
+    with mesh:
+        d = ts.InputDispatcher(global_logical_batch_size=6)
+        rows = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+        g = ts.host_to_global_array(
+            d.logical_to_physical_batch({"x": rows}), partition=d.partition_spec
+        )
+        out = d.physical_to_logical_batch(g)["x"]
+    assert out.jax().sharding.is_fully_replicated
+    assert torch.equal(ts.replicate_to_local_data(out), rows)

@@ -291,6 +291,20 @@ class TorchaxRuntime:
             return x  # traced into the step: the compiler moves what the index maths needs
         return self.gather(x)  # eagerly: the key's whole value, the same on every process
 
+    # JAX lays out an array eagerly only where the mesh axes divide it (a jitted step pads):
+    # dispatch asks for P() where they do not divide the logical rows.
+    splits_unevenly = False
+
+    def move_rows(
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor,
+        logical: int,
+        mesh: Mesh,
+        axes: tuple[str, ...],
+    ) -> torch.Tensor | None:
+        return None  # take_rows: one jitted jnp.take on integer views, the partitioner's gather
+
     def take_rows(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         if not is_torchax_tensor(x):
             return x.index_select(0, index.to(x.device))
