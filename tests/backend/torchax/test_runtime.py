@@ -75,3 +75,30 @@ def test_a_missing_package_names_the_extra(rt):
     assert "torchshard-input[torchax]" in str(err)
     broken = rt._import_error("torchax", AttributeError("aten.prod.dim_Dimname"))
     assert "cannot be imported on torch" in str(broken) and "dim_Dimname" in str(broken)
+
+
+def test_cpu_devices_are_asked_for_only_before_jax_starts(rt, monkeypatch):
+    import sys
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2")
+    assert "jax" in sys.modules  # started here: too late, nothing changes
+    assert not rt.setup_cpu_devices(4)
+    monkeypatch.delitem(sys.modules, "jax")
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert not rt.setup_cpu_devices(4)  # a TPU's chips are its devices
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert rt.setup_cpu_devices(4)
+    import os
+
+    assert os.environ["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4"
+    )
+
+
+def test_host_converter_checks_the_dtype_once(rt):
+    to_numpy = rt.host_converter(torch.float32)
+    x = torch.arange(4, dtype=torch.float32)
+    assert to_numpy(x).base is not None or to_numpy(x).ctypes.data == x.data_ptr()  # a view
+    assert rt.host_converter(torch.int64) is rt.host_array  # narrowed per tensor, checked
+    with pytest.raises(Refused, match="float64"):
+        rt.host_converter(torch.float64)

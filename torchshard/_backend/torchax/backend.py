@@ -42,7 +42,7 @@ from torchshard._backend.torchax.runtime import (
     cpu_devices,
     device_index,
     fetch,
-    host_array,
+    host_converter,
     is_torchax_tensor,
     jax,
     local_devices,
@@ -88,27 +88,48 @@ def local_devices_of(mesh: Mesh | None) -> tuple[int, ...]:
 
 
 class _Maker:
-    """``make_global`` with the mesh, layout and shape bound (``global_maker``)."""
+    """``make_global`` with the mesh, layout and shape bound (``global_maker``).
 
-    __slots__ = ("positions", "shape", "sharding")
+    JAX asks the callback for each addressable device's block by its index (a tuple of
+    slices), taken from ``addressable_devices_indices_map``, which JAX caches per sharding and
+    shape: the maker keeps that map's index tuples, so it finds a block's position by the
+    tuple's identity (a dict lookup), and by its ranges only for a tuple it has not seen."""
+
+    __slots__ = ("by_id", "indices", "positions", "shape", "sharding")
 
     def __init__(self, mesh: Mesh, axes: DimAxes, global_shape: tuple[int, ...]) -> None:
         self.sharding = named_sharding(mesh, axes)
         self.shape = global_shape
         self.positions = _positions(mesh, axes, global_shape)
+        # kept alive, so that no other object takes one of their ids
+        self.indices = tuple(self.sharding.addressable_devices_indices_map(global_shape).values())
+        self.by_id = {id(i): self.positions[_ranges(i, global_shape)] for i in self.indices}
 
     def __call__(self, shards: Sequence[torch.Tensor]) -> torch.Tensor:
-        positions, shape = self.positions, self.shape
+        positions, shape, by_id = self.positions, self.shape, self.by_id
         made: dict[int, np.ndarray] = {}
+        host_array = host_converter(shards[0].dtype) if shards else _no_shards
 
         def block(index: Any) -> np.ndarray:
-            p = positions[_ranges(index, shape)]
+            p = by_id.get(id(index))
+            if p is None:
+                p = positions[_ranges(index, shape)]
             a = made.get(p)
             if a is None:
                 a = made[p] = host_array(shards[p])
             return a
 
         return as_tensor(jax().make_array_from_callback(shape, self.sharding, block))
+
+    def from_whole(self, t: torch.Tensor) -> torch.Tensor:
+        """The global array from a host tensor that is all of it (one process, or a
+        replicated leaf): JAX takes each device's block by its index (a numpy view)."""
+        a = host_converter(t.dtype)(t)
+        return as_tensor(jax().make_array_from_callback(self.shape, self.sharding, a.__getitem__))
+
+
+def _no_shards(t: torch.Tensor) -> np.ndarray:
+    raise AssertionError("a block asked of a maker given no shards")
 
 
 # The integer dtype of each floating dtype's width, for take_rows (gathered bit for bit).

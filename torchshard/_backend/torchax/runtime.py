@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,11 +93,36 @@ def array_of(x: Any) -> Any:
 
 
 def as_tensor(array: Any) -> torch.Tensor:
-    """``array`` (a ``jax.Array``) as a torchax tensor, without a copy."""
-    return torchax().interop.torch_view(array)
+    """``array`` (a ``jax.Array``) as a torchax tensor, without a copy (what
+    ``torchax.interop.torch_view`` makes of one array, without its tree walk)."""
+    return _wrap()(array)
+
+
+@functools.cache
+def _wrap() -> Any:
+    tx = torchax()
+    cls, env = tx.tensor.Tensor, tx.default_env()
+    return lambda array: cls(array, env)
 
 
 # -- devices -------------------------------------------------------------------------------
+
+CPU_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def setup_cpu_devices(count: int) -> bool:
+    """Asks JAX for ``count`` CPU devices (``XLA_FLAGS``, read when JAX makes its CPU client),
+    where that can still take effect: JAX not imported yet, and no other platform named by
+    ``JAX_PLATFORMS`` (a TPU's chips are its devices). Whether it was set."""
+    import os
+    import sys
+
+    if "jax" in sys.modules or os.environ.get("JAX_PLATFORMS", "").strip() not in ("", "cpu"):
+        return False
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(CPU_COUNT_FLAG)]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{CPU_COUNT_FLAG}={count}"])
+    return True
+
 
 _LOCK = threading.Lock()
 
@@ -162,6 +187,15 @@ def check_dtype(dtype: torch.dtype) -> None:
                 f"turn 64-bit values on: {X64_FIX}."
             )
         )
+
+
+def host_converter(dtype: torch.dtype) -> Callable[[torch.Tensor], np.ndarray]:
+    """``host_array`` for CPU tensors of ``dtype``, with the dtype's checks made once (a
+    ``Refused`` for a dtype JAX would round): a leaf's shards share its dtype."""
+    if dtype == torch.bfloat16 or (dtype in _NARROW and not x64()):
+        return host_array
+    check_dtype(dtype)
+    return torch.Tensor.numpy
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:
