@@ -25,13 +25,17 @@ BENCHES: dict[str, str] = {
     "dtensor_loader": "benchmarks.dtensor_loader",
     "h2d": _wheel.BENCHES["h2d"],
     "loader": _wheel.BENCHES["loader"],
+    "packing": _wheel.BENCHES["packing"],
+    "cp_balance": _wheel.BENCHES["cp_balance"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
+    "ctrl_c": "benchmarks.ctrl_c",
     "sweep": "benchmarks.sweep",
     "ends": "benchmarks.ends",
     "epoch_check": "benchmarks.epoch_check",
     "plan_scale": "benchmarks.plan_scale",
     "exchange": "benchmarks.exchange",
+    "deferred": "benchmarks.deferred",
 }
 
 # The lab's own benchmarks (the others are the wheel's, run here too).
@@ -46,6 +50,7 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "epoch_check",
     "plan_scale",
     "exchange",
+    "deferred",
 }
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo

@@ -122,6 +122,7 @@ def _worker(
                 once(i)
             held = s.node.connections if transport == "tree" else 1  # all joined, none gone
             sent0, received0 = (s.node.sent, s.node.received) if transport == "tree" else (0, 0)
+            requests0 = 0 if transport == "tree" else ex.requests
             warm.wait()
             mine = []
             for i in range(rounds):
@@ -135,7 +136,7 @@ def _worker(
                 counts[rank] = (node.sent - sent0, node.received - received0, held, 0.0)
                 s.close()
             else:
-                counts[rank] = (ex.requests * rounds // (rounds + WARMUP), 0, 1, 0.0)
+                counts[rank] = (ex.requests - requests0, 0, 1, 0.0)  # the measured rounds
         except Exception as e:  # noqa: BLE001 -- reported to the parent
             errors.append(f"rank {rank}: {type(e).__name__}: {e}")
 

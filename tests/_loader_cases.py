@@ -333,3 +333,35 @@ def loader_lengths(sizes: list[int], batch: int = 4) -> dict[str, Any]:
         out["lists"] = attempt(lambda: len(list(loader)))
         out["after"] = tuple(ts.host_to_global_array(torch.zeros(1, 2)).shape)
     return out
+
+
+# -- a KeyboardInterrupt raised by one process's source ------------------------------------------
+
+
+def source_interrupted(at: int = 3) -> dict[str, Any]:
+    """Rank 1's source raises ``KeyboardInterrupt`` at batch ``at`` (a generator); rank 0's
+    goes on. Each rank's batches taken (its local block's first value), its error and notes."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def source() -> Any:
+        for k in range(8):
+            if rank == 1 and k == at:
+                raise KeyboardInterrupt
+            yield {"x": torch.full((2, 4), float(k))}
+
+    got: list[int] = []
+    error, notes = "no error", []
+    with _mesh(world):
+        loader = ts.GlobalBatchLoader(source(), prefetch=2)
+        try:
+            for batch in loader:
+                got.append(int(batch["x"].to_local()[0, 0]))
+        except BaseException as e:  # noqa: BLE001 -- the error is the result
+            error = f"{type(e).__name__}: {e}"
+            notes = list(getattr(e, "__notes__", []))
+        loader.close()
+        after = tuple(ts.host_to_global_array(torch.zeros(1, 2)).shape)
+    return {"got": got, "error": error, "notes": notes, "after": after}

@@ -176,3 +176,26 @@ def host_blocks(layout):
         shape, _ = block_offsets([b.ranges for b in mine], len(layout.global_shape))
         out[h] = (tuple(b.device for b in mine), shape)
     return out
+
+
+def shared_blocks(mesh, plan):
+    """The blocks more than one host supplies, as ``(ranges, ((owner, cuts, devices), ...))``,
+    by first piece (a dict of devices' shard numbers, grouped per piece in Python)."""
+    numbers = device_shard_numbers(mesh, plan.axes)
+    counts = shard_counts(mesh, plan.axes)
+    groups = {}
+    for piece in plan.pieces:
+        groups.setdefault(numbers[piece.device], {}).setdefault(piece.owner, []).append(piece)
+    out = []
+    for js, by_owner in groups.items():
+        if len(by_owner) < 2:
+            continue
+        ranges = tuple(
+            shard_range(n, k, j) for n, k, j in zip(plan.global_shape, counts, js, strict=True)
+        )
+        owners = tuple(
+            (owner, pieces[0].cuts, tuple(p.device for p in pieces))
+            for owner, pieces in sorted(by_owner.items())
+        )
+        out.append((ranges, owners))
+    return out

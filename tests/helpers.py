@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -197,3 +198,29 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
     return t.numpy()
+
+
+# The note a deferred agreement check adds to its error (torchshard/_backend/dtensor/
+# deferred.py): where it was raised and which call it belongs to.
+DEFERRAL_NOTE = re.compile(
+    r" \(Raised (at the first use of its result|at the next torchshard call on its stream "
+    r"\(.*?\)|on leaving the mesh|at interpreter exit|when a new default process group "
+    r"replaced its own): the agreement check of (\S+) call "
+    r"#(\d+) on stream '([^']*)', judged off the step's path; "
+    r"torchshard\.set_agreement_deferred\(False\) judges it in the call\.\)$"
+)
+
+
+def without_deferral_note(text: str) -> str:
+    """``text`` without a deferred agreement check's note (the error's own wording)."""
+    return DEFERRAL_NOTE.sub("", text)
+
+
+def use_every_tensor(tree: Any) -> Any:
+    """Reads every tensor of ``tree`` once (an op on each: a deferred agreement check is
+    judged at the first); returns ``tree``."""
+    leaves = torch.utils._pytree.tree_leaves(tree)
+    for x in leaves:
+        if isinstance(x, torch.Tensor) and x.device.type != "meta":
+            _ = x + 0 if x.dtype != torch.bool else x.clone()
+    return tree

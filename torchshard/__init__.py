@@ -18,6 +18,7 @@ from torchshard import errors as errors
 from torchshard._backend.xla.env import setup_cpu_emulation as setup_cpu_emulation
 from torchshard._core.agreement import call_stream as call_stream
 from torchshard._core.agreement import set_agreement_check as set_agreement_check
+from torchshard._core.agreement import set_agreement_deferred as set_agreement_deferred
 from torchshard._core.agreement import set_value_check as set_value_check
 from torchshard._core.context import current_mesh as current_mesh
 from torchshard._core.context_parallel import (
@@ -127,6 +128,7 @@ __all__ = [
     "process_index",
     "replicate_to_local_data",
     "set_agreement_check",
+    "set_agreement_deferred",
     "set_value_check",
     "setup_cpu_emulation",
     "sharded_collate",

@@ -80,11 +80,13 @@ def test_the_lab_runs_the_wheel_s_benches_and_its_own():
         "dtensor_loader",
         "loader_gil",
         "soak",
+        "ctrl_c",
         "sweep",
         "ends",
         "epoch_check",
         "plan_scale",
         "exchange",
+        "deferred",
     }
     assert all(BENCHES[n] == f"benchmarks.{n}" for n in benchmarks.OWN)
     assert wheel.NEEDS_NO_XLA <= benchmarks.NEEDS_NO_XLA <= set(BENCHES)

@@ -161,3 +161,19 @@ def test_a_structure_disagreement_on_one_mesh_does_not_show_the_mesh():
     err = str(disagreement("host_arrays", Verdict.of([a, b]).groups, lambda i: f"leaf {i}"))
     assert err.startswith("host_arrays: every process must pass the same tree structure")
     assert "mesh" not in err
+
+
+def test_deferral_by_default_from_64_processes_and_forced_either_way():
+    old = ts.set_agreement_deferred(None)
+    try:
+        assert not agreement.agreement_deferred(2)
+        assert not agreement.agreement_deferred(agreement.DEFER_FROM - 1)
+        assert agreement.agreement_deferred(agreement.DEFER_FROM)
+        assert ts.set_agreement_deferred(True) is None
+        assert agreement.agreement_deferred(2)
+        ts.set_agreement_deferred(False)
+        assert not agreement.agreement_deferred(8192)
+        with pytest.raises(TypeError, match=re.escape("expected True, False or None")):
+            ts.set_agreement_deferred("yes")  # type: ignore[arg-type]
+    finally:
+        ts.set_agreement_deferred(old)

@@ -179,3 +179,33 @@ def test_block_offsets():
         (slice(0, 2), slice(0, 3)),
     ]
     assert block_offsets([((5, 5),), ((4, 5),)], 1) == ((1,), [(slice(1, 1),), (slice(0, 1),)])
+
+
+@pytest.mark.parametrize("devices", [1024, 16384])
+def test_one_hosts_plan_keeps_what_its_host_owns(devices):
+    """The first plan of one host of 4 devices on a pod's mesh keeps O(its devices) in the
+    caches (issue 28: the device -> process map and the feeds as arrays over the whole mesh
+    were ~55 B per device of the pod, 0.9 MB at 16,384): the same few KiB at any size."""
+    import tracemalloc
+
+    from torchshard._core import sharding
+
+    hosts = devices // 4
+    mesh = ts.Mesh(np.arange(devices).reshape(hosts, 4), ("data", "model"))
+    owners = tuple(d // 4 for d in range(devices))
+    mine = tuple(range(4 * (hosts // 2), 4 * (hosts // 2) + 4))
+    for cache in (plan_from_local, sharding.dim_feeds, sharding.local_positions):
+        cache.cache_clear()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        plans = [
+            plan_from_local(mesh, ts.P(("data", "model")), shape, owners, mine)
+            for shape in ((8, 16), (8,))
+        ]
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert [p.global_shape for p in plans] == [(8 * hosts, 16), (8 * hosts,)]
+    assert [p.pieces[0].device for p in plans] == [mine[0]] * 2
+    assert kept < 32 * 1024, kept  # 16,384 devices: ~900 KiB before

@@ -13,7 +13,8 @@ from strategies import SETTINGS, specs
 
 import torchshard as ts
 from torchshard._core import blocks, sharding
-from torchshard._core.layout import _box_table, compact, describe_layout, table_rows
+from torchshard._core.layout import describe_layout
+from torchshard._core.layout_text import _box_table, compact, table_rows
 from torchshard._core.sharding import dim_axes
 from torchshard._core.topology import Topology, override_topology
 
@@ -103,6 +104,35 @@ def test_feeds_match_the_full_dicts(case):
 
 
 @SETTINGS
+@given(case=cases())
+def test_feeds_kept_for_one_process_match_the_full_dicts(case):
+    """What a process keeps of a split (its own shards and feed index, the count) is the full
+    plan's; another process's shards and the dicts over every process, read from it, are
+    computed again, equal too."""
+    mesh, owners, spec, local, _ = case
+    axes = dim_axes(mesh, spec, len(local))
+    old = dict_plan.dim_feeds(mesh, axes, owners)
+    numbers = dict_plan.device_shard_numbers(mesh, axes)
+    for p in sorted(set(owners)):
+        mine = sharding.dim_feeds(mesh, axes, owners, (p,))
+        devices = [d for d in range(mesh.size) if owners[d] == p]
+        for i, (new, full) in enumerate(zip(mine, old, strict=True)):
+            assert (new.uniform, new.count) == (full.uniform, full.count)
+            assert new.held(p) == full.sets[p]
+            assert new.distinct_sizes() == tuple(sorted({len(s) for s in full.sets.values()}))
+            if full.uniform:
+                assert new.feed(p) == full.feed_of[p]
+                assert new.feed_of == full.feed_of
+            other = max(full.sets)  # not kept: made again from every process's rows
+            assert new.held(other) == full.sets[other]
+            assert new.sets == full.sets
+            shards = [numbers[d][i] for d in devices]
+            index, size = new.places(np.asarray([p] * len(devices)), np.asarray(shards))
+            assert index.tolist() == [full.sets[p].index(j) for j in shards]
+            assert size.tolist() == [len(full.sets[p])] * len(devices)
+
+
+@SETTINGS
 @given(case=cases(), shuffled=st.booleans())
 def test_each_processs_plan_is_its_part_of_the_full_plan(case, shuffled):
     mesh, owners, spec, local, given_shape = case
@@ -118,6 +148,23 @@ def test_each_processs_plan_is_its_part_of_the_full_plan(case, shuffled):
     assert _outcome(blocks.plan_from_local, mesh, spec, local, owners, every, given_shape) == (
         _outcome(dict_plan.plan_from_local, mesh, spec, local, owners, every, given_shape)
     )
+
+
+@SETTINGS
+@given(case=cases(), shuffled=st.booleans())
+def test_shared_blocks_match_the_grouping_per_piece(case, shuffled):
+    """The blocks several hosts supply (numpy over the pieces) are those of grouping every
+    piece by its shard numbers (the dict oracle), in the same order, for every device's plan
+    (virtual hosts) and for each process's own."""
+    mesh, owners, spec, local, given_shape = case
+    every = tuple(range(mesh.size))
+    for devices in (every[::-1] if shuffled else every, every[: mesh.size // 2]):
+        plan = _outcome(blocks.plan_from_local, mesh, spec, local, owners, devices, given_shape)
+        if not isinstance(plan, blocks.HostPlan):
+            return
+        new = [(b.ranges, b.owners) for b in blocks.shared_blocks(mesh, plan)]
+        assert new == dict_plan.shared_blocks(mesh, plan)
+        event(f"{min(len(new), 3)} shared blocks")
 
 
 @SETTINGS

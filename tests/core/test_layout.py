@@ -1,8 +1,8 @@
 """describe_layout and ShardingLayout (torchshard._core.layout), against independent oracles:
 the conformance vectors (torch_xla's and JAX's index maps), torch_xla's own reported shards
 (``XLAShardedTensor.local_shards``), the placement rule written out with numpy
-(``helpers.reference_ranges``), and the virtual-host rule d // (8 // n); the plain-text
-rendering. Drawing a placed tensor, rich and PNGs: tests/visualize/test_sharding.py."""
+(``helpers.reference_ranges``), and the virtual-host rule d // (8 // n). The plain text:
+test_layout_text.py; drawing a placed tensor, rich and PNGs: tests/visualize/test_sharding.py."""
 
 from __future__ import annotations
 
@@ -197,55 +197,30 @@ def test_layout_agrees_with_torch_xla_on_uneven_mark_sharding(mesh42, spec, shap
     assert "splits unevenly" in described.to_text()
 
 
-# -- drawing ----------------------------------------------------------------------------------
+# -- the value ---------------------------------------------------------------------------------
 
 
-GRID_1D = """\
-P('data',) on Mesh({'data': 4, 'model': 2}): global shape (8,), 4 hosts
-
-    +-------------+
-0:2 | devices 0,1 |
-    | host 0      |
-    +-------------+
-2:4 | devices 2,3 |
-    | host 1      |
-    +-------------+
-4:6 | devices 4,5 |
-    | host 2      |
-    +-------------+
-6:8 | devices 6,7 |
-    | host 3      |
-    +-------------+
-
-host 0: devices 0,1, local block shape (2,)
-host 1: devices 2,3, local block shape (2,)
-host 2: devices 4,5, local block shape (2,)
-host 3: devices 6,7, local block shape (2,)"""
-
-TABLE_3D = """\
-P(None, None, ('data', 'model')) on Mesh({'data': 4, 'model': 2}): global shape (2, 3, 8), 1 host
-
-+-----------------+---------+-------+
-| block           | devices | hosts |
-+-----------------+---------+-------+
-| [0:2, 0:3, 0:1] | 0       | 0     |
-| [0:2, 0:3, 1:2] | 1       | 0     |
-| [0:2, 0:3, 2:3] | 2       | 0     |
-| [0:2, 0:3, 3:4] | 3       | 0     |
-| [0:2, 0:3, 4:5] | 4       | 0     |
-| [0:2, 0:3, 5:6] | 5       | 0     |
-| [0:2, 0:3, 6:7] | 6       | 0     |
-| [0:2, 0:3, 7:8] | 7       | 0     |
-+-----------------+---------+-------+
-
-host 0: devices 0-7, local block shape (2, 3, 8)"""
-
-
-def test_plain_text_grid_1d_and_table_for_rank_3():
+def test_a_layout_made_of_arrays_equals_one_made_of_its_blocks():
+    """describe_layout keeps its blocks as arrays and makes the LayoutBlocks when read; a
+    layout of the same blocks (as layout_of_tensor makes it) is equal, hashes alike and has
+    the same repr."""
     mesh = ts.Mesh(MESH42, ("data", "model"))
-    assert str(ts.describe_layout(mesh, ts.P("data"), (8,), num_hosts=4)) == GRID_1D
-    spec = ts.P(None, None, ("data", "model"))
-    assert str(ts.describe_layout(mesh, spec, (2, 3, 8), num_hosts=1)) == TABLE_3D
+    described = ts.describe_layout(mesh, ts.P("data"), (16, 8), num_hosts=2)
+    rebuilt = ts.ShardingLayout((16, 8), described.blocks, 2, mesh, ts.P("data"))
+    assert rebuilt == described and hash(rebuilt) == hash(described)
+    assert repr(rebuilt) == repr(described)
+    assert repr(described).startswith(
+        "ShardingLayout(global_shape=(16, 8), blocks=(LayoutBlock(device=0, host=0, "
+        "ranges=((0, 4), (0, 8))), LayoutBlock(device=1, host=0, ranges=((0, 4), (0, 8))),"
+    )
+    assert str(rebuilt) == str(described)
+    assert described.host_of(5) == 1 and described.devices == tuple(range(8))
+    other = ts.describe_layout(mesh, ts.P("model"), (16, 8), num_hosts=2)
+    assert other != described
+    with pytest.raises(KeyError, match="device 8 is not in this layout"):
+        described.host_of(8)
+    with pytest.raises(AttributeError):
+        described.global_shape = (8, 8)
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -397,3 +397,20 @@ def test_a_tree_nested_past_optrees_limit_is_named():
         ),
     ):
         flatten(tree, name="host_arrays")
+
+
+def test_a_leaf_path_is_computed_when_an_error_formats_it(monkeypatch):
+    from torchshard._core import tree
+    from torchshard._core.errors import at
+
+    built = []
+    real = tree.paths
+    monkeypatch.setattr(
+        tree, "paths", lambda spec, name, *parts: built.append(name) or real(spec, name, *parts)
+    )
+    lazy = tree.LazyPaths(tree.flatten({"a": [1, 2]})[1], "x")
+    where = lazy.at(1)
+    assert built == []  # taken, not read
+    assert at(where, "bad") == "x['a'][1]: bad"
+    assert (str(where), f"{where}", repr(where)) == ("x['a'][1]", "x['a'][1]", "\"x['a'][1]\"")
+    assert built == ["x"]  # once for every leaf of the tree

@@ -221,6 +221,7 @@ def test_the_core_imports_only_the_standard_library_numpy_and_optree():
                 "torchshard._backend.dtensor.backend",
                 "torchshard._backend.dtensor.checks",
                 "torchshard._backend.dtensor.collective",
+                "torchshard._backend.dtensor.deferred",
                 "torchshard._backend.dtensor.mesh",
                 "torchshard._backend.dtensor.views",
                 "torchshard._backend.dtensor._torch_private",

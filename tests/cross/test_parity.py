@@ -340,8 +340,8 @@ def test_global_shape_a_host_slices_non_uniform_dims():
             (8, -8),
             ValueError,
             (
-                "per_host_arrays[0]['x']: global_shape: every size of a shape must be >= 0, but "
-                "dim 1 of (8, -8) is -8."
+                # one shape for every leaf: checked once, naming global_shape itself
+                "global_shape: every size of a shape must be >= 0, but dim 1 of (8, -8) is -8."
             ),
         ),
         (

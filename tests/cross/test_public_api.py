@@ -36,7 +36,7 @@ SURFACE = {
         # context parallel on the host
         "head_tail_order", "context_parallel_order", "context_parallel_positions",
         # checks across processes
-        "set_agreement_check", "set_value_check", "call_stream",
+        "set_agreement_check", "set_agreement_deferred", "set_value_check", "call_stream",
         # errors: the base here, every type in torchshard.errors
         "ShardingError", "errors",
         # axlearn compatibility (torchshard._COMPATIBILITY)

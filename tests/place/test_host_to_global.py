@@ -292,6 +292,46 @@ def test_host_to_global_specs_errors_name_the_leaf(mesh42):
         ts.host_to_global_specs({"x": ts.TensorSpec((8,), torch.float32)}, partition=ts.P("nope"))
 
 
+# -- paths: only for errors --
+
+
+def test_paths_are_computed_only_for_errors(mesh42, monkeypatch):
+    """A leaf's path names it in an error, and nothing else builds one: placing a tree of 64
+    leaves (numpy arrays and tensors, nested; the first call, which plans, and a cached one),
+    its specs, every host's tree under virtual_hosts, and reading them back build no path
+    (before: every call with a numpy leaf built them all); a bad leaf builds them once."""
+    from torchshard._core import tree
+
+    built = []
+    real = tree.paths
+    monkeypatch.setattr(
+        tree, "paths", lambda spec, name, *parts: built.append(name) or real(spec, name, *parts)
+    )
+
+    def batch(h=0):
+        return {
+            f"x{i:02d}": [np.full((8, 2), h + i, np.float32) if i % 2 else torch.full((8,), i)]
+            for i in range(64)
+        }
+
+    for _ in range(2):  # planned, then cached
+        g = ts.host_to_global_array(batch())
+    specs = ts.host_to_global_specs(batch())
+    back = ts.global_to_host_array(g)
+    assert specs["x63"][0].shape == (8, 2) and back["x63"][0][7, 1].item() == 63
+    with virtual_hosts(2):
+        for _ in range(2):
+            g = host_to_global_array_per_host([batch(0), batch(100)])
+        back = global_to_host_array_per_host(g)
+    assert back[1]["x63"][0][0, 0].item() == 163
+    assert built == []
+    bad = batch()
+    bad["x63"] = ["not an array"]
+    with pytest.raises(TypeError, match=re.escape("host_arrays['x63'][0]: expected a numpy")):
+        ts.host_to_global_array(bad)
+    assert built == ["host_arrays"]
+
+
 # -- deprecations --
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -33,6 +34,8 @@ def test_in_functorch_transform():
     assert seen == [True, True]
 
 
+# torch >= 2.13's jvp loads its decompositions through torch.jit.script, deprecated there
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_functorch_wrapper():
     kept = []
 

@@ -87,6 +87,22 @@ def test_layout_command_with_rich_and_a_big_pod_mesh():
     assert "[60:64, 30:32]" in result.stdout  # more than 8 column blocks: drawn as a table
 
 
+def test_layout_command_prints_a_pods_runs_and_every_block_with_full(capsys):
+    args = ["layout", "--mesh", "1024,4", "--axes", "data,model", "--spec", "('data','model')"]
+    args += ["--shape", "4096,8", "--hosts", "1024", "--plain"]
+    result = _main(capsys, *args)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "| ... 4,094 more blocks, each [+1, +0], devices +1 |" in result.stdout
+    assert "... 1,022 more hosts, each devices +4" in result.stdout
+    assert len(result.stdout.splitlines()) == 13
+    full = _main(capsys, *args, "--full")
+    assert (full.returncode, full.stderr) == (0, "")
+    assert len(full.stdout.splitlines()) == 2 + 4 + 4096 + 1 + 1024
+    assert "| [4095:4096, 0:8] | 4095    | 1023  |" in full.stdout
+    rich = _main(capsys, *args[:-1])  # rich draws the same runs
+    assert "... 4,094 more blocks, each [+1, +0], devices +1" in rich.stdout
+
+
 def test_layout_command_errors_are_messages():
     result = _run(*"layout --mesh 4,2 --axes data,model --spec data --shape 16,8 --hosts 3".split())
     assert result.returncode == 2

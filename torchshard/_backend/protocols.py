@@ -64,18 +64,15 @@ class AgreementCall(Protocol):
     """What ``ProcessChecks.agree_begin`` compares between the processes: a call, described
     on demand."""
 
+    leaves: list[list[Any]]
+    """Each host's tree's leaves, flat (what the call was given)."""
+
     def describe(self) -> list[str]:
         """One line for the structure and partition, then one ``"(shape) dtype"`` per leaf."""
         ...
 
     def path(self, i: int) -> str:
         """Leaf ``i``'s path (for the error)."""
-        ...
-
-    @property
-    def leaves(self) -> Sequence[Sequence[Any]]:
-        """Each host's flat leaves, as passed (a backend whose runtime cannot hold some values
-        compares them too: torchax's 64-bit integers without ``jax_enable_x64``)."""
         ...
 
 
@@ -275,6 +272,22 @@ class ProcessChecks(Protocol):
         the thread that runs the program (never a helper thread, whose progress differs from
         process to process). ``what`` names the call in the error (``host_arrays``,
         ``GlobalBatchLoader: batch 7``). A no-op end unless ``compares``."""
+        ...
+
+    def agree_after(
+        self, mesh: Mesh, end: Callable[[], None], call: AgreementCall, out: Any, *, what: str
+    ) -> Any:
+        """The end of ``agree_begin``'s check after the call made ``out``: judged now, or
+        deferred off the step's path (``set_agreement_deferred``; DTensor on torch >= 2.13):
+        then ``out``'s tensors that the call made wait for it at their first use, and the next
+        call on the caller's stream, ``settle`` or interpreter exit judge it first. Returns
+        ``out``. Called on the thread that called ``agree_begin``, only when the call
+        succeeded (a failed one calls ``end`` itself)."""
+        ...
+
+    def settle(self, mesh: Mesh, where: str) -> None:
+        """Judges the caller's stream's deferred check now (raising what it found, saying it
+        was raised ``where``, e.g. ``"on leaving the mesh"``): the mesh's ``with`` exit."""
         ...
 
     def exchange(

@@ -22,10 +22,11 @@ from torchshard._core.sharding import (
     DimAxes,
     check_device_process,
     check_divisible,
-    device_shard_numbers,
     dim_axes,
     dim_feeds,
+    local_shard_numbers,
     memo,
+    planned_processes,
     shard_counts,
     shard_range,
 )
@@ -77,10 +78,12 @@ def infer_global_shape(
     axes: DimAxes,
     local_shape: tuple[int, ...],
     device_process: tuple[int, ...],
+    processes: tuple[int, ...] | None = (),
 ) -> tuple[int, ...]:
-    """The global shape whose per-process blocks have ``local_shape``; checks divisibility."""
+    """The global shape whose per-process blocks have ``local_shape``; checks divisibility.
+    ``processes``: those whose feeds the caller reads next (``dim_feeds``: shared with it)."""
     check_device_process(mesh, device_process)
-    feeds = dim_feeds(mesh, axes, device_process)
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     out = []
     for i, (n, f) in enumerate(zip(local_shape, feeds, strict=True)):
         if f.count is None:
@@ -103,12 +106,14 @@ def given_global_shape(
     local_shape: tuple[int, ...],
     global_shape: tuple[int, ...],
     device_process: tuple[int, ...],
+    processes: tuple[int, ...] | None = (),
 ) -> tuple[bool, ...]:
     """Checks a given global shape against a host block (JAX's
     ``make_array_from_process_local_data`` with ``global_shape``) and says, per dimension,
     whether the block covers the whole dimension (each host then slices what its devices
     need, by global index) rather than only its own part (its devices' distinct shards, in
-    order: the inferred case). Every host passes a block of ``local_shape``."""
+    order: the inferred case). Every host passes a block of ``local_shape``. ``processes``:
+    as for ``infer_global_shape``."""
     check_device_process(mesh, device_process)
     if len(global_shape) != len(local_shape):
         raise ShardingError(
@@ -117,7 +122,7 @@ def given_global_shape(
             "dimension."
         )
     check_divisible(mesh, spec, axes, global_shape)
-    feeds = dim_feeds(mesh, axes, device_process)
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     full = []
     for i, (m, n, k, f) in enumerate(
         zip(local_shape, global_shape, shard_counts(mesh, axes), feeds, strict=True)
@@ -168,22 +173,23 @@ def plan_from_local(
     cached, successes are, so a steady input stream plans each leaf shape once.
     """
     axes = dim_axes(mesh, spec, len(local_shape))
+    check_device_process(mesh, device_process)
+    where, js = local_shard_numbers(mesh, axes, devices)  # js: [dims, planned devices]
+    if where.size and int(where.min()) < 0:
+        raise ShardingError(f"device {devices[int(where.argmin())]} is not in {mesh!r}.")
+    owners = [device_process[d] for d in devices]
+    # Only the planned devices' processes are read (one host's: O(its devices) kept per split;
+    # every process under virtual hosts), after O(devices) integer work once per split.
+    processes = planned_processes(owners)
     if global_shape is None:
-        global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
+        global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process, processes)
         full = (False,) * len(local_shape)
     else:
-        full = given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process)
-    feeds = dim_feeds(mesh, axes, device_process)
+        full = given_global_shape(
+            mesh, spec, axes, local_shape, global_shape, device_process, processes
+        )
+    feeds = dim_feeds(mesh, axes, device_process, processes)
     counts = shard_counts(mesh, axes)
-    numbers = device_shard_numbers(mesh, axes)
-    # Array work over the planned devices only (a host's few, or every device under virtual
-    # hosts), then one piece per device.
-    where = [numbers.position(d) for d in devices]
-    for d, n in zip(devices, where, strict=True):
-        if n < 0:
-            raise ShardingError(f"device {d} is not in {mesh!r}.")
-    owners = [device_process[d] for d in devices]
-    js = numbers.columns(where)  # [dims, planned devices]
     cut_dims = []  # (dim, chunk, each device's start or None: no cut)
     for dim, (n, k, f) in enumerate(zip(global_shape, counts, feeds, strict=True)):
         if k == 1:
@@ -196,12 +202,19 @@ def plan_from_local(
         # a device whose owner holds one shard gets the owner's whole local dimension
         starts = np.where(size > 1, index * chunk, -1).tolist()
         cut_dims.append((dim, chunk, [None if s < 0 else s for s in starts]))
-    pieces = []
-    for i, (d, owner) in enumerate(zip(devices, owners, strict=True)):
-        cuts = tuple(
-            (dim, starts[i], chunk) for dim, chunk, starts in cut_dims if starts[i] is not None
-        )
-        pieces.append(DevicePiece(d, owner, cuts))
+    if len(cut_dims) == 1:  # the common case, one cut per device (16,384 under virtual hosts)
+        dim, chunk, starts = cut_dims[0]
+        pieces = [
+            DevicePiece(d, owner, () if s is None else ((dim, s, chunk),))
+            for d, owner, s in zip(devices, owners, starts, strict=True)
+        ]
+    else:
+        pieces = []
+        for i, (d, owner) in enumerate(zip(devices, owners, strict=True)):
+            cuts = tuple(
+                (dim, starts[i], chunk) for dim, chunk, starts in cut_dims if starts[i] is not None
+            )
+            pieces.append(DevicePiece(d, owner, cuts))
     return HostPlan(axes, global_shape, local_shape, tuple(pieces))
 
 
@@ -223,22 +236,39 @@ def shared_blocks(mesh: Mesh, plan: HostPlan) -> tuple[SharedBlock, ...]:
     """The blocks of ``plan`` that more than one host supplies (empty when each block has one
     owner, as when every host feeds its own rows). Devices with equal shard numbers along
     every dimension hold the same block; pieces of such devices with different owners must
-    carry equal values, or the replicas of one block disagree."""
-    numbers = device_shard_numbers(mesh, plan.axes)
+    carry equal values, or the replicas of one block disagree. Numpy over the pieces; a
+    Python step only for the pieces of shared blocks."""
+    pieces = plan.pieces
+    if not pieces:
+        return ()
     counts = shard_counts(mesh, plan.axes)
-    groups: dict[tuple[int, ...], dict[int, list[DevicePiece]]] = {}
-    for piece in plan.pieces:
-        groups.setdefault(numbers[piece.device], {}).setdefault(piece.owner, []).append(piece)
+    _, js = local_shard_numbers(mesh, plan.axes, tuple(p.device for p in pieces))
+    key = np.zeros(len(pieces), dtype=np.int64)  # the block: its shard numbers, as one int
+    for k, j in zip(counts, js, strict=True):
+        key = key * k + j
+    owner = np.fromiter((p.owner for p in pieces), dtype=np.int64, count=len(pieces))
+    order = np.lexsort((owner, key))
+    k_sorted, o_sorted = key[order], owner[order]
+    pair = np.ones(order.size, dtype=bool)  # a new (block, owner) pair
+    pair[1:] = (k_sorted[1:] != k_sorted[:-1]) | (o_sorted[1:] != o_sorted[:-1])
+    pair_keys = k_sorted[pair]
+    owners_of = np.unique(pair_keys, return_counts=True)
+    shared = owners_of[0][owners_of[1] > 1]  # blocks with more than one owner
+    if not shared.size:
+        return ()
+    # block -> (its first piece's index, per owner its pieces): in the plan's order
+    groups: dict[int, tuple[int, dict[int, list[DevicePiece]]]] = {}
+    for i in np.flatnonzero(np.isin(key, shared)).tolist():
+        piece = pieces[i]
+        groups.setdefault(int(key[i]), (i, {}))[1].setdefault(piece.owner, []).append(piece)
     out = []
-    for js, by_owner in groups.items():
-        if len(by_owner) < 2:
-            continue
+    for first, by_owner in groups.values():
+        js_of = js[:, first].tolist()
         ranges = tuple(
-            shard_range(n, k, j) for n, k, j in zip(plan.global_shape, counts, js, strict=True)
+            shard_range(n, k, j) for n, k, j in zip(plan.global_shape, counts, js_of, strict=True)
         )
         owners = tuple(
-            (owner, pieces[0].cuts, tuple(p.device for p in pieces))
-            for owner, pieces in sorted(by_owner.items())
+            (o, ps[0].cuts, tuple(p.device for p in ps)) for o, ps in sorted(by_owner.items())
         )
         out.append(SharedBlock(ranges, owners))
     return tuple(out)

@@ -53,7 +53,7 @@ def nonnegative_int(value: Any, name: str) -> int:
     return n
 
 
-def shape(value: Any, where: str) -> tuple[int, ...]:
+def shape(value: Any, where: object) -> tuple[int, ...]:
     """``value`` as a shape (a tuple of ints >= 0); raises naming ``where``: ``TypeError`` for
     something that is not a sequence or a size that is not an int (fractional sizes are not
     rounded), ``ValueError`` for a negative size."""
@@ -126,4 +126,4 @@ def contiguous_hosts(num_devices: int, num_hosts: Any, *, where: str = "") -> tu
             )
         )
     per = num_devices // n
-    return tuple(d // per for d in range(num_devices))
+    return tuple((np.arange(num_devices) // per).tolist())  # numpy: a pod has 16,384 devices

@@ -76,8 +76,9 @@ class ChildFailedError(Exception):
     text is the child's report."""
 
 
-def at(where: str, message: str) -> str:
-    """Prefixes ``message`` with the tree path ``where`` (``"host_arrays['x']: ..."``)."""
+def at(where: object, message: str) -> str:
+    """Prefixes ``message`` with the tree path ``where`` (``"host_arrays['x']: ..."``): a str,
+    or what formats as one (``tree.LeafPath``: computed here, when the error is made)."""
     return f"{where}: {message}" if where else message
 
 

@@ -145,7 +145,7 @@ def feed_read_config(partition: Any, *, mesh: Mesh | None = None) -> dict[str, i
     except ShardingError as e:
         raise ShardingError(f"{caller}: {e}") from None
     topology = process_topology(mesh, caller)
-    f = dim_feeds(mesh, axes, topology.device_process)[0]
+    f = dim_feeds(mesh, axes, topology.device_process, (topology.process_index,))[0]
     if f.count is None:
         raise _not_uniform(caller, spec, mesh, 0, f.sets)
     return {"num_shards": f.count, "shard_index": f.feed(topology.process_index)}
@@ -220,7 +220,7 @@ def process_slice(
     k = shard_counts(mesh, axes)[dim]
     if k == 1:
         return slice(0, n)
-    f = dim_feeds(mesh, axes, topology.device_process)[dim]
+    f = dim_feeds(mesh, axes, topology.device_process, (topology.process_index,))[dim]
     if f.count is None:
         raise _not_uniform(caller, spec, mesh, dim, f.sets)
     held = f.held(topology.process_index)

@@ -1,13 +1,15 @@
-"""``describe_layout``: which host and which device own which block of a global array, and
-the plain-text picture of it.
+"""``describe_layout``: which host and which device own which block of a global array.
 
-Pure maths from ``NamedSharding.devices_indices_map`` and a device -> host map (the runtime
-topology, or ``num_hosts`` contiguous, equal groups of device ids as ``virtual_hosts`` splits
-them), for planning a pod layout without a pod. ``torchshard._visualize.layout_of_tensor``
-builds the same object from the blocks the runtime reports for a placed tensor, and draws it
-with ``rich`` or into a PNG (matplotlib); the PNG drawer reaches ``ShardingLayout.save_png``
-through a slot (``install_png_drawer``) that ``torchshard._visualize`` fills when imported, so
-this module imports no drawing library.
+Pure maths from the mesh's index maps (``sharding.device_ranges``, numpy) and a device -> host
+map (the runtime topology, or ``num_hosts`` contiguous, equal groups of device ids as
+``virtual_hosts`` splits them), for planning a pod layout without a pod. A ``ShardingLayout``
+holds its blocks as arrays (one row per device) and makes its ``LayoutBlock`` objects only when
+they are read, so a pod's layout costs numpy work, not an object per device; its text is
+``torchshard._core.layout_text``'s. ``torchshard._visualize.layout_of_tensor`` builds the same
+object from the blocks the runtime reports for a placed tensor, and draws it with ``rich`` or
+into a PNG (matplotlib); the PNG drawer reaches ``ShardingLayout.save_png`` through a slot
+(``install_png_drawer``) that ``torchshard._visualize`` fills when imported, so this module
+imports no drawing library.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from torchshard._core import checks
+from torchshard._core.layout_text import MAX_LINES, host_table, render_plain
 from torchshard._core.mesh import Mesh, topology_of
 from torchshard._core.sharding import (
     NamedSharding,
@@ -29,8 +34,6 @@ from torchshard._core.spec import PartitionSpec, as_partition_spec
 
 Ranges = tuple[tuple[int, int], ...]
 Span = tuple[int, int]
-MAX_GRID_ROWS = 64
-MAX_GRID_COLS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,13 +50,40 @@ class LayoutBlock:
         return tuple(slice(a, b) for a, b in self.ranges)
 
 
-@dataclasses.dataclass(frozen=True)
+class LayoutArrays(NamedTuple):
+    """A layout's blocks as arrays, one row per device, ascending ids: ``ids``, ``hosts``
+    (``[devices]``), ``starts`` and ``stops`` (``[devices, dims]``: the global ``[start,
+    stop)`` of each dimension)."""
+
+    ids: np.ndarray
+    hosts: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+
+    @classmethod
+    def of_blocks(cls, blocks: Sequence[LayoutBlock], ndim: int) -> LayoutArrays:
+        """The arrays of ``blocks`` (sorted by device id)."""
+        blocks = sorted(blocks, key=lambda b: b.device)
+        ranges = np.zeros((len(blocks), ndim, 2), dtype=np.int64)
+        if ndim and blocks:
+            ranges[:] = [b.ranges for b in blocks]
+        return cls(
+            np.asarray([b.device for b in blocks], dtype=np.int64),
+            np.asarray([b.host for b in blocks], dtype=np.int64),
+            ranges[:, :, 0],
+            ranges[:, :, 1],
+        )
+
+
 class ShardingLayout:
     """Who owns which block of a global array: one ``LayoutBlock`` per device, ascending ids.
 
-    ``str(layout)`` is a plain-text grid (1-D and 2-D arrays) or table (other ranks);
-    ``torchshard.visualize_sharding(layout)`` prints it (with ``rich`` when installed) and
-    ``layout.save_png(path)`` draws it with matplotlib.
+    ``str(layout)`` is a plain-text grid (1-D and 2-D arrays) or table (other ranks), with a
+    line per host; a large layout's text is a summary of runs of blocks and hosts, whose length
+    follows the layout's regularity, not its devices (``layout.to_text(full=True)``: every
+    block and host). ``torchshard.visualize_sharding(layout)`` prints it (with ``rich`` when
+    installed) and ``layout.save_png(path)`` draws it with matplotlib. Immutable; equal when
+    every field is.
 
     Attributes:
         global_shape: the shape of the global array.
@@ -64,11 +94,99 @@ class ShardingLayout:
         spec: the partition spec, when the layout was described from one.
     """
 
-    global_shape: tuple[int, ...]
-    blocks: tuple[LayoutBlock, ...]
-    num_hosts: int
-    mesh: Mesh | None = None
-    spec: PartitionSpec | None = None
+    def __init__(
+        self,
+        global_shape: tuple[int, ...],
+        blocks: Sequence[LayoutBlock],
+        num_hosts: int,
+        mesh: Mesh | None = None,
+        spec: PartitionSpec | None = None,
+    ) -> None:
+        self._global_shape = tuple(global_shape)
+        self._blocks: tuple[LayoutBlock, ...] | None = tuple(blocks)
+        self._arrays: LayoutArrays | None = None
+        self._num_hosts = num_hosts
+        self._mesh = mesh
+        self._spec = spec
+
+    @classmethod
+    def of_arrays(
+        cls,
+        global_shape: tuple[int, ...],
+        arrays: LayoutArrays,
+        num_hosts: int,
+        mesh: Mesh | None = None,
+        spec: PartitionSpec | None = None,
+    ) -> ShardingLayout:
+        """The layout of ``arrays`` (ascending ids); its ``blocks`` are made when read."""
+        layout = cls(global_shape, (), num_hosts, mesh, spec)
+        layout._blocks = None
+        layout._arrays = arrays
+        return layout
+
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        """The shape of the global array."""
+        return self._global_shape
+
+    @property
+    def num_hosts(self) -> int:
+        """The number of hosts of the device -> host map."""
+        return self._num_hosts
+
+    @property
+    def mesh(self) -> Mesh | None:
+        """The mesh, when known."""
+        return self._mesh
+
+    @property
+    def spec(self) -> PartitionSpec | None:
+        """The partition spec, when the layout was described from one."""
+        return self._spec
+
+    @property
+    def arrays(self) -> LayoutArrays:
+        """The blocks as arrays (``LayoutArrays``), one row per device, ascending ids."""
+        if self._arrays is None:
+            assert self._blocks is not None
+            self._arrays = LayoutArrays.of_blocks(self._blocks, len(self._global_shape))
+        return self._arrays
+
+    @property
+    def blocks(self) -> tuple[LayoutBlock, ...]:
+        """Every (known) device's block, ascending ids (made on first read from the arrays)."""
+        if self._blocks is None:
+            ids, hosts, starts, stops = self.arrays
+            spans = []  # per dim, each device's (start, stop): one tuple per distinct span
+            for i in range(len(self._global_shape)):
+                known: dict[Span, Span] = {}
+                pairs = zip(starts[:, i].tolist(), stops[:, i].tolist(), strict=True)
+                spans.append([known.setdefault(p, p) for p in pairs])
+            devices = ids.tolist()
+            ranges = list(zip(*spans, strict=True)) if spans else [()] * len(devices)
+            self._blocks = tuple(map(LayoutBlock, devices, hosts.tolist(), ranges))
+        return self._blocks
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._global_shape, self._num_hosts, self._mesh, self._spec)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardingLayout):
+            return NotImplemented
+        if self._key() != other._key():
+            return False
+        if self._blocks is not None and other._blocks is not None:
+            return self._blocks == other._blocks
+        return all(np.array_equal(a, b) for a, b in zip(self.arrays, other.arrays, strict=True))
+
+    def __hash__(self) -> int:
+        return hash((*self._key(), len(self.arrays.ids)))
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardingLayout(global_shape={self._global_shape!r}, blocks={self.blocks!r}, "
+            f"num_hosts={self._num_hosts!r}, mesh={self._mesh!r}, spec={self._spec!r})"
+        )
 
     def devices_indices_map(self) -> dict[int, tuple[slice, ...]]:
         """``{device id: slices}``, as ``NamedSharding.devices_indices_map``."""
@@ -76,15 +194,16 @@ class ShardingLayout:
 
     def host_of(self, device: int) -> int:
         """The host that owns ``device``."""
-        for b in self.blocks:
-            if b.device == device:
-                return b.host
+        ids = self.arrays.ids
+        n = int(np.searchsorted(ids, device)) if ids.size else 0
+        if n < ids.size and ids[n] == device:
+            return int(self.arrays.hosts[n])
         raise KeyError(f"device {device} is not in this layout (devices {self.devices}).")
 
     @property
     def devices(self) -> tuple[int, ...]:
         """The device ids of the layout, ascending."""
-        return tuple(b.device for b in self.blocks)
+        return tuple(self.arrays.ids.tolist())
 
     @functools.cached_property
     def distinct_blocks(self) -> dict[Ranges, tuple[LayoutBlock, ...]]:
@@ -97,35 +216,30 @@ class ShardingLayout:
     def host_blocks(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """Per host: its devices and the shape of its local block (the distinct slices of its
         devices, concatenated per dimension, as ``NamedSharding.process_local_shape``)."""
-        by_host: dict[int, list[LayoutBlock]] = {}
-        for b in self.blocks:  # one pass: linear in the devices, whatever the host count
-            by_host.setdefault(b.host, []).append(b)
-        out = {}
-        ndim = len(self.global_shape)
-        for h in sorted(by_host):
-            mine = by_host[h]
-            # along each dim, the distinct ranges of its devices end to end (``block_offsets``)
-            if len(mine) == 1:
-                shape = tuple(b - a for a, b in mine[0].ranges)
-            else:
-                dims = zip(*[b.ranges for b in mine], strict=True) if ndim else ()
-                shape = tuple(sum(b - a for a, b in set(spans)) for spans in dims)
-            out[h] = (tuple(b.device for b in mine), shape)
-        return out
+        table = host_table(self.arrays)
+        ids, bounds = table.ids.tolist(), table.bounds.tolist()
+        return {
+            h: (tuple(ids[bounds[k] : bounds[k + 1]]), tuple(s))
+            for k, (h, s) in enumerate(
+                zip(table.hosts.tolist(), table.shapes.tolist(), strict=True)
+            )
+        }
 
     def title(self) -> str:
-        """One line: spec, mesh, global shape, hosts."""
+        """One line: spec, mesh, global shape, hosts (a large mesh's device order abridged)."""
+        mesh = mesh_text(self.mesh) if self.mesh is not None else ""
         what = (
-            f"{self.spec!r} on {self.mesh!r}"
+            f"{self.spec!r} on {mesh}"
             if self.spec is not None
-            else (f"tensor on {self.mesh!r}" if self.mesh is not None else "tensor")
+            else (f"tensor on {mesh}" if self.mesh is not None else "tensor")
         )
         hosts = f"{self.num_hosts} host" + ("s" if self.num_hosts != 1 else "")
         return f"{what}: global shape {self.global_shape}, {hosts}"
 
-    def to_text(self) -> str:
-        """The plain-text grid or table (no colours)."""
-        return render_plain(self)
+    def to_text(self, *, full: bool = False) -> str:
+        """The plain-text grid or table (no colours); a large layout's runs, or with ``full``
+        every block and host (``layout_text.MAX_LINES``)."""
+        return render_plain(self, full=full)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -143,6 +257,18 @@ class ShardingLayout:
                 "torchshard._visualize module installs the matplotlib drawer)."
             )
         draw(self, path, dpi)
+
+
+def mesh_text(mesh: Mesh) -> str:
+    """``repr(mesh)``, with the device ids of a mesh of more than ``MAX_LINES`` devices in
+    another order than ``0..n-1`` abridged to their first and last few."""
+    flat = mesh.devices.reshape(-1)
+    if flat.size <= MAX_LINES or np.array_equal(flat, np.arange(flat.size)):
+        return repr(mesh)
+    shape = ", ".join(f"{k!r}: {v}" for k, v in mesh.shape.items())
+    head = ", ".join(str(d) for d in flat[:8].tolist())
+    tail = ", ".join(str(d) for d in flat[-2:].tolist())
+    return f"Mesh({{{shape}}}, devices=[{head}, ..., {tail}] ({flat.size:,} ids))"
 
 
 class _Drawers:
@@ -219,136 +345,12 @@ def describe_layout(
         owners, count = topo.device_process, topo.process_count
     else:
         owners = checks.contiguous_hosts(mesh.size, num_hosts)
-        count = len(set(owners))
+        count = owners[-1] + 1  # hosts 0..num_hosts-1
     check_device_process(mesh, owners)
     NamedSharding(mesh, spec)  # checks the spec's axes (then its length, below)
-    # The blocks from arrays (``device_ranges``), without a dict of slices per device
+    # The blocks as arrays (``device_ranges``): no object per device until ``blocks`` is read
     ids, starts, stops = device_ranges(mesh, dim_axes(mesh, spec, len(shape)), shape)
-    devices = ids.tolist()
-    spans = []  # per dim, each device's (start, stop): one tuple per distinct span, shared
-    for i in range(len(shape)):
-        known: dict[Span, Span] = {}
-        pairs = zip(starts[:, i].tolist(), stops[:, i].tolist(), strict=True)
-        spans.append([known.setdefault(p, p) for p in pairs])
-    ranges = list(zip(*spans, strict=True)) if spans else [()] * len(devices)
-    blocks = tuple(map(LayoutBlock, devices, [owners[d] for d in devices], ranges))
-    return ShardingLayout(shape, blocks, count, mesh, spec)
-
-
-# -- the plain-text picture ------------------------------------------------------------
-
-
-def compact(ids: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 6]`` as ``0-3,6`` (runs of three or more become ranges)."""
-    ids = sorted(ids)
-    if len(ids) >= 3 and ids == list(range(ids[0], ids[0] + len(ids))):  # one run: at C speed
-        return f"{ids[0]}-{ids[-1]}"
-    out, i = [], 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{ids[i]}-{ids[j]}")
-        else:
-            out.extend(str(x) for x in ids[i : j + 1])
-        i = j + 1
-    return ",".join(out)
-
-
-def span_text(r: Span) -> str:
-    return f"{r[0]}:{r[1]}"
-
-
-def cell_lines(blocks: Sequence[LayoutBlock]) -> tuple[str, str]:
-    """The two label lines of a block: its devices and their hosts."""
-    devs = [b.device for b in blocks]
-    hosts = sorted({b.host for b in blocks})
-    dev = f"device {devs[0]}" if len(devs) == 1 else f"devices {compact(devs)}"
-    host = f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {compact(hosts)}"
-    return dev, host
-
-
-def grid(
-    layout: ShardingLayout,
-) -> tuple[list[Span], list[Span] | None, dict[tuple[int, int], tuple[LayoutBlock, ...]]] | None:
-    """Rows (dim-0 spans), columns (dim-1 spans, None for 1-D) and the blocks of each cell;
-    None when the layout is drawn as a table (rank not 1 or 2, or too many blocks)."""
-    ndim = len(layout.global_shape)
-    if ndim not in (1, 2):
-        return None
-    rows = sorted({r[0] for r in layout.distinct_blocks})
-    cols = sorted({r[1] for r in layout.distinct_blocks}) if ndim == 2 else None
-    if len(rows) > MAX_GRID_ROWS or len(cols or ()) > MAX_GRID_COLS:
-        return None
-    cells = {}
-    for ranges, blocks in layout.distinct_blocks.items():
-        i = rows.index(ranges[0])
-        j = cols.index(ranges[1]) if cols is not None else 0
-        cells[(i, j)] = blocks
-    return rows, cols, cells
-
-
-def table_rows(layout: ShardingLayout) -> list[tuple[str, str, str]]:
-    rows = []
-    for ranges, blocks in layout.distinct_blocks.items():
-        block = "[" + ", ".join([f"{a}:{b}" for a, b in ranges]) + "]"
-        if len(blocks) == 1:  # one device (a pod's FULL batch: every row)
-            rows.append((block, str(blocks[0].device), str(blocks[0].host)))
-            continue
-        rows.append(
-            (block, compact([b.device for b in blocks]), compact(sorted({b.host for b in blocks})))
-        )
-    return rows
-
-
-def footer(layout: ShardingLayout) -> list[str]:
-    """Per host: its devices and local block shape; a note on uneven splits."""
-    lines = []
-    for h, (devs, shape) in layout.host_blocks().items():
-        lines.append(f"host {h}: devices {compact(devs)}, local block shape {shape}")
-    for i, n in enumerate(layout.global_shape):
-        lengths = {r[i][1] - r[i][0] for r in layout.distinct_blocks}
-        if len(lengths) > 1:
-            lines.append(
-                f"note: dim {i} ({n}) splits unevenly, into blocks of sizes {sorted(lengths)}; "
-                "torchshard's host_to_global_array refuses it (pad the batch), torch_xla pads."
-            )
-    return lines
-
-
-def _box_table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max([len(r[i]) for r in rows]) for i in range(len(rows[0]))]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-    line = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"
-    out = [line.format(*r) for r in rows]
-    return [rule, out[0], rule, *out[1:], rule]
-
-
-def render_plain(layout: ShardingLayout) -> str:
-    """The layout as plain text: title, grid or table, host lines."""
-    lines = [layout.title(), ""]
-    g = grid(layout)
-    if g is None:
-        lines += _box_table([("block", "devices", "hosts"), *table_rows(layout)])
-    else:
-        rows, cols, cells = g
-        ncols = len(cols) if cols is not None else 1
-        labels = {k: cell_lines(v) for k, v in cells.items()}
-        width = max([len(s) for pair in labels.values() for s in pair] + [3]) + 2
-        head = max(len(span_text(r)) for r in rows)
-        rule = " " * head + " +" + "+".join("-" * width for _ in range(ncols)) + "+"
-        if cols is not None:
-            lines.append(" " * head + "  " + " ".join(span_text(c).center(width) for c in cols))
-        lines.append(rule)
-        for i, r in enumerate(rows):
-            for k in range(2):
-                text = [
-                    (" " + labels[(i, j)][k]).ljust(width) if (i, j) in labels else " " * width
-                    for j in range(ncols)
-                ]
-                label = span_text(r) if k == 0 else ""
-                lines.append(label.rjust(head) + " |" + "|".join(text) + "|")
-            lines.append(rule)
-    lines += ["", *footer(layout)]
-    return "\n".join(line.rstrip() for line in lines)
+    hosts = np.fromiter(owners, dtype=np.int64, count=len(owners))[ids]
+    return ShardingLayout.of_arrays(
+        shape, LayoutArrays(ids, hosts, starts, stops), count, mesh, spec
+    )

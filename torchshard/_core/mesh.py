@@ -101,7 +101,7 @@ class Mesh:
     @property
     def device_ids(self) -> tuple[int, ...]:
         """The device ids, flattened row-major."""
-        return tuple(int(d) for d in self._devices.reshape(-1))
+        return tuple(self._devices.reshape(-1).tolist())
 
     @property
     def backend(self) -> str:
@@ -128,8 +128,8 @@ class Mesh:
 
     def __repr__(self) -> str:
         shape = ", ".join(f"{k!r}: {v}" for k, v in self._shape.items())
-        ids = self.device_ids
-        ordered = "" if ids == tuple(range(len(ids))) else f", devices={list(ids)}"
+        flat = self._devices.reshape(-1)  # numpy: a pod's mesh is 16,384 ids
+        ordered = "" if np.array_equal(flat, np.arange(flat.size)) else f", devices={flat.tolist()}"
         return f"Mesh({{{shape}}}{ordered})"
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -95,6 +95,11 @@ class _ById:
 _BIG = 256  # a tuple argument longer than this is keyed by identity (a topology's map)
 
 
+def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` as a cache key: a tuple of more than ``_BIG`` items by identity (``memo``)."""
+    return tuple(_ById(a) if type(a) is tuple and len(a) > _BIG else a for a in args)
+
+
 def memo(maxsize: int) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
     """``functools.lru_cache`` for functions of a device -> process map: positional arguments
     only, a tuple of more than ``_BIG`` items (``Topology.device_process``) keyed by identity,
@@ -108,7 +113,7 @@ def memo(maxsize: int) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
 
         @functools.wraps(fn)
         def call(*args: Any) -> _T:
-            key = tuple(_ById(a) if type(a) is tuple and len(a) > _BIG else a for a in args)
+            key = _key(args)
             hit = table.get(key)
             if hit is not None:
                 return hit[1]
@@ -124,20 +129,18 @@ def memo(maxsize: int) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
     return wrap
 
 
-@functools.lru_cache(maxsize=256)
 def _positions(mesh: Mesh) -> tuple[np.ndarray, np.ndarray]:
-    """The device ids in flat mesh order, and per device id its flat position (``-1``: none)."""
+    """The device ids in flat mesh order, and per device id its flat position (``-1``: none):
+    O(devices) work, not kept (``local_positions`` keeps a few devices' positions)."""
     ids = mesh.devices.reshape(-1)
     position = np.full(int(ids.max()) + 1 if ids.size else 0, -1, dtype=np.int64)
     position[ids] = np.arange(ids.size)
-    position.setflags(write=False)
     return ids, position
 
 
-@functools.lru_cache(maxsize=4096)
 def _dim_numbers(mesh: Mesh, dim: tuple[str, ...]) -> np.ndarray:
     """Per flat mesh position, the device's shard number along a dimension split over the
-    axes ``dim`` (major to minor); read-only."""
+    axes ``dim`` (major to minor)."""
     sizes = mesh.devices.shape
     out = np.zeros(mesh.devices.size, dtype=np.int64)
     for axis in dim:
@@ -146,8 +149,43 @@ def _dim_numbers(mesh: Mesh, dim: tuple[str, ...]) -> np.ndarray:
             tuple(sizes[k] if a == k else 1 for a in range(len(sizes)))
         )
         out = out * sizes[k] + np.broadcast_to(coord, sizes).reshape(-1)
+    return out
+
+
+def _numbers_at(mesh: Mesh, axes: DimAxes, where: np.ndarray) -> np.ndarray:
+    """``[dims, len(where)]``: the shard numbers of the devices at flat mesh positions
+    ``where`` (O(len(where)) work: their mesh coordinates, not the whole mesh's)."""
+    sizes = mesh.devices.shape
+    coords = np.unravel_index(where, sizes) if where.size else [where] * len(sizes)
+    out = np.zeros((len(axes), where.size), dtype=np.int64)
+    for i, dim in enumerate(axes):
+        for axis in dim:
+            k = mesh.axis_names.index(axis)
+            out[i] = out[i] * sizes[k] + coords[k]
+    return out
+
+
+@memo(4096)
+def local_positions(mesh: Mesh, devices: tuple[int, ...]) -> np.ndarray:
+    """The flat mesh positions of ``devices`` (``-1``: not in the mesh), read-only: O(devices
+    of the mesh) work once per mesh and device tuple, O(``len(devices)``) kept."""
+    position = _positions(mesh)[1]
+    want = np.asarray(devices, dtype=np.int64).reshape(-1)
+    out = np.full(want.size, -1, dtype=np.int64)
+    inside = (want >= 0) & (want < position.size)
+    out[inside] = position[want[inside]]
     out.setflags(write=False)
     return out
+
+
+def local_shard_numbers(
+    mesh: Mesh, axes: DimAxes, devices: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The flat mesh positions of ``devices`` (``-1``: not in the mesh) and ``[dims,
+    len(devices)]``, their shard numbers along each dimension (a device not in the mesh gets
+    zeros): what a plan for a few devices needs, without an array over the whole mesh kept."""
+    where = local_positions(mesh, devices)
+    return where, _numbers_at(mesh, axes, np.maximum(where, 0))
 
 
 class ShardNumbers(Mapping[int, tuple[int, ...]]):
@@ -159,7 +197,7 @@ class ShardNumbers(Mapping[int, tuple[int, ...]]):
 
     def __init__(self, mesh: Mesh, axes: DimAxes) -> None:
         self._ids, self._position = _positions(mesh)
-        self._numbers = tuple(_dim_numbers(mesh, dim) for dim in axes)  # shared per split
+        self._numbers = tuple(_dim_numbers(mesh, dim) for dim in axes)
 
     @property
     def ids(self) -> np.ndarray:
@@ -202,10 +240,10 @@ class ShardNumbers(Mapping[int, tuple[int, ...]]):
         return int(self._ids.size)
 
 
-@functools.lru_cache(maxsize=4096)
 def device_shard_numbers(mesh: Mesh, axes: DimAxes) -> ShardNumbers:
-    """For each device id, its shard number along each dimension (numpy, O(devices) integer
-    work once per mesh and split; one device's numbers are then a few array reads)."""
+    """For each device id of the mesh, its shard number along each dimension (numpy,
+    O(devices) integer work per call, not kept: for what needs every device, a layout or an
+    index map; a plan for a few devices reads ``local_shard_numbers``)."""
     return ShardNumbers(mesh, axes)
 
 
@@ -253,157 +291,220 @@ def check_divisible(
             )
 
 
-class _DimFeeds:
+class DimFeeds:
     """The per-process view of one dimension (see the module docstring), from arrays.
 
-    ``count`` (the feed count; ``None`` when not uniform) and ``uniform`` are computed for the
-    whole mesh with O(devices) integer work in numpy; one process's shards (``held``) and feed
-    index (``feed``) are then a few array reads. ``sets`` and ``feed_of``, dicts over every
-    process, are built only when read (error messages).
+    Made from O(devices) integer work in numpy over the whole mesh, once per split of a
+    dimension and set of ``processes``, it keeps only what is O(those processes): ``count``
+    (the feed count; ``None`` when not uniform), ``uniform``, the distinct numbers of shards a
+    process holds, and for each of ``processes`` (every process when ``None``: virtual hosts)
+    its sorted shards (``held``) and feed index (``feed``). Any other process's, and the
+    dicts over every process (``sets``, ``sizes()``, ``feed_of``: error messages), are
+    computed again when read (O(devices) work) and not kept.
     """
 
     __slots__ = (
-        "_k",
+        "_device_process",
+        "_dim",
+        "_distinct",
+        "_everyone",
+        "_feeds",
+        "_mesh",
         "_offsets",
         "_pairs",
         "_procs",
-        "_rank",
-        "_sets",
         "count",
+        "k",
         "uniform",
     )
 
-    def __init__(self, owner: np.ndarray, shard: np.ndarray, k: int) -> None:
-        # owner, shard: per device (any order) the process that owns it and its shard number.
-        self._sets: dict[int, tuple[int, ...]] | None = None
-        self._rank: np.ndarray | None = None  # first shard of a set -> its feed index
-        self._k = k
+    def __init__(
+        self,
+        mesh: Mesh,
+        dim: tuple[str, ...],
+        device_process: tuple[int, ...],
+        processes: tuple[int, ...] | None,
+        owner: np.ndarray | None = None,
+    ) -> None:
+        # owner: per flat mesh position, the process that owns the device (else computed)
+        self._mesh, self._dim, self._device_process = mesh, dim, device_process
+        self._everyone = processes is None
+        k = self.k = math.prod(mesh.shape[a] for a in dim)
+        if owner is None:
+            owner = mesh_owners(mesh, device_process)
         if k == 1:  # not split: every process holds the one shard
-            procs = np.flatnonzero(np.bincount(owner)) if owner.size else owner
-            self._procs = procs
-            self._offsets = np.arange(procs.size + 1)
-            self._pairs = procs
-            self._rank = np.zeros(1, dtype=np.int64)
-            self.uniform, self.count = bool(procs.size), 1 if procs.size else None
-            return
-        pairs = np.sort(owner * k + shard)  # (process, shard), ascending; < devices * k
-        if pairs.size:
+            pairs = np.flatnonzero(np.bincount(owner))
+        else:  # (process, shard) as process * k + shard, distinct, ascending (< devices * k)
+            # stable: timsort, linear on the runs a pod's meshes give (hosts in mesh order)
+            pairs = np.sort(owner * k + _dim_numbers(mesh, dim), kind="stable")
             keep = np.empty(pairs.size, dtype=bool)
             keep[0] = True
             np.not_equal(pairs[1:], pairs[:-1], out=keep[1:])
-            pairs = pairs[keep]  # distinct
-        self._pairs = pairs  # (process, shard) as process * k + shard, distinct, ascending
+            pairs = pairs[keep]
         proc, held = np.divmod(pairs, k)
         starts = np.flatnonzero(np.concatenate(([True], proc[1:] != proc[:-1])))
-        self._procs = proc[starts]  # the processes that own a device, ascending
-        self._offsets = np.append(starts, proc.size)  # row r: held[offsets[r]:offsets[r + 1]]
-        sizes = np.diff(self._offsets)
-        uniform = False
+        procs = proc[starts]  # the processes that own a device, ascending
+        offsets = np.append(starts, proc.size)  # row r: held[offsets[r]:offsets[r + 1]]
+        sizes = np.diff(offsets)
+        uniform, firsts = False, None
         if sizes.size and (sizes == sizes[0]).all():
             rows = held.reshape(-1, int(sizes[0]))
             first = rows[:, 0]
             rep = np.full(k, -1, dtype=np.int64)
             rep[first] = np.arange(first.size)  # one process per distinct first shard
-            firsts = np.flatnonzero(rep >= 0)
+            firsts = np.flatnonzero(rep >= 0)  # the distinct first shards, ascending
             # uniform: processes with the same first shard hold the same set, and the distinct
             # sets (one per first shard) hold every shard exactly once
             if firsts.size * rows.shape[1] == k and (rows == rows[rep[first]]).all():
                 cover = np.bincount(rows[rep[firsts]].reshape(-1), minlength=k)
                 uniform = bool((cover == 1).all())
-            if uniform:
-                rank = np.full(k, -1, dtype=np.int64)
-                rank[firsts] = np.arange(firsts.size)
-                self._rank = rank
         self.uniform = uniform
-        self.count = int(firsts.size) if uniform else None
+        self.count = int(firsts.size) if uniform and firsts is not None else None
+        self._distinct = (int(sizes[0]),) if uniform else tuple(np.unique(sizes).tolist())
+        # What is kept: the rows of ``processes`` (copies: a view would keep the whole array)
+        if processes is None:
+            kept = np.arange(procs.size)
+            self._pairs, self._offsets, self._procs = pairs, offsets, procs
+        else:
+            want = np.asarray(processes, dtype=np.int64).reshape(-1)
+            found = np.minimum(np.searchsorted(procs, want), procs.size - 1)
+            kept = found[procs[found] == want]  # a process that owns no device has no row
+            parts = [pairs[offsets[r] : offsets[r + 1]] for r in kept.tolist()]
+            self._pairs = np.concatenate(parts) if parts else pairs[:0].copy()
+            self._offsets = np.concatenate(([0], np.cumsum(sizes[kept])))
+            self._procs = procs[kept]
+        self._feeds = None  # per kept row, its feed index (uniform only)
+        if uniform and firsts is not None:
+            self._feeds = np.searchsorted(firsts, held[offsets[kept]])
 
     def _row(self, process: int) -> int:
+        """``process``'s row among the kept ones (``-1``: not kept)."""
         row = int(np.searchsorted(self._procs, process))
         if row >= self._procs.size or self._procs[row] != process:
-            raise KeyError(process)
+            return -1
         return row
+
+    def _all(self) -> DimFeeds:
+        """The same dimension with every process's rows (made again, not kept)."""
+        if self._everyone:
+            return self
+        return DimFeeds(self._mesh, self._dim, self._device_process, None)
 
     def held(self, process: int) -> tuple[int, ...]:
         """The sorted shard numbers ``process``'s devices hold (``KeyError``: it owns none)."""
         row = self._row(process)
-        return tuple((self._pairs[self._offsets[row] : self._offsets[row + 1]] % self._k).tolist())
+        if row < 0:
+            if self._everyone:
+                raise KeyError(process)
+            return self._all().held(process)
+        part = self._pairs[self._offsets[row] : self._offsets[row + 1]]
+        return tuple((part % self.k).tolist())
 
     def places(self, owners: np.ndarray, shards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For devices of processes ``owners`` holding ``shards`` (arrays, one entry per
         device): each shard's index among its owner's sorted shards, and how many its owner
-        holds."""
+        holds (``owners`` among the kept processes; else from every process's rows)."""
         rows = np.searchsorted(self._procs, owners)
+        if rows.size and (
+            int(rows.max()) >= self._procs.size or (self._procs[rows] != owners).any()
+        ):
+            return self._all().places(owners, shards)
         start = self._offsets[rows]
         size = self._offsets[rows + 1] - start
-        if self._k == 1:
-            return np.zeros_like(size), size
-        return np.searchsorted(self._pairs, owners * self._k + shards) - start, size
+        return np.searchsorted(self._pairs, owners * self.k + shards) - start, size
 
     def feed(self, process: int) -> int:
         """``process``'s feed index: the rank of its set, ordered by first shard (uniform
         layouts only)."""
-        if self._rank is None:
+        if self._feeds is None:
             raise ValueError("feed indices are defined only for a uniform dimension.")
-        return int(self._rank[self._pairs[self._offsets[self._row(process)]] % self._k])
+        row = self._row(process)
+        if row < 0:
+            if self._everyone:
+                raise KeyError(process)
+            return self._all().feed(process)
+        return int(self._feeds[row])
 
     def sizes(self) -> dict[int, int]:
         """Per process, how many distinct shards its devices hold (a dict over every process:
         for errors and checks that need every process)."""
-        return dict(zip(self._procs.tolist(), np.diff(self._offsets).tolist(), strict=True))
+        every = self._all()
+        return dict(zip(every._procs.tolist(), np.diff(every._offsets).tolist(), strict=True))
 
     def distinct_sizes(self) -> tuple[int, ...]:
         """The distinct numbers of shards a process holds, ascending."""
-        return tuple(sorted(set(np.diff(self._offsets).tolist())))
+        return self._distinct
 
     @property
     def sets(self) -> dict[int, tuple[int, ...]]:
-        """``{process: sorted shard numbers held}`` for every process (built on first read)."""
-        if self._sets is None:
-            held = (self._pairs % self._k).tolist()
-            offsets = self._offsets.tolist()
-            self._sets = {
-                p: tuple(held[offsets[r] : offsets[r + 1]])
-                for r, p in enumerate(self._procs.tolist())
-            }
-        return self._sets
+        """``{process: sorted shard numbers held}`` for every process (made when read)."""
+        every = self._all()
+        held = (every._pairs % self.k).tolist()
+        offsets = every._offsets.tolist()
+        return {
+            p: tuple(held[offsets[r] : offsets[r + 1]]) for r, p in enumerate(every._procs.tolist())
+        }
 
     @property
     def feed_of(self) -> dict[int, int]:
-        """``{process: feed index}`` for every process (uniform layouts; built when read)."""
-        return {p: self.feed(p) for p in self._procs.tolist()}
+        """``{process: feed index}`` for every process (uniform layouts; made when read)."""
+        every = self._all()
+        if every._feeds is None:
+            raise ValueError("feed indices are defined only for a uniform dimension.")
+        return dict(zip(every._procs.tolist(), every._feeds.tolist(), strict=True))
 
 
-_OWNERS: list[tuple[tuple[int, ...], np.ndarray]] = []  # by identity: a topology's map, as numpy
+def mesh_owners(mesh: Mesh, device_process: Sequence[int]) -> np.ndarray:
+    """Per flat mesh position, the process that owns the device (O(devices) work, not kept;
+    the mesh covers ``device_process``'s devices)."""
+    owner = np.fromiter(device_process, dtype=np.int64, count=len(device_process))
+    return owner[mesh.devices.reshape(-1)]
 
 
-def owner_array(device_process: Sequence[int]) -> np.ndarray:
-    """``device_process`` as an int64 array (kept for the last few maps, by identity: a
-    topology's map is one tuple, converted once)."""
-    for known, array in _OWNERS:
-        if known is device_process:
-            return array
-    array = np.fromiter(device_process, dtype=np.int64, count=len(device_process))
-    array.setflags(write=False)
-    if isinstance(device_process, tuple):
-        if len(_OWNERS) >= 8:
-            del _OWNERS[0]
-        _OWNERS.append((device_process, array))
-    return array
+# Per split of a dimension, device -> process map (by identity past ``_BIG`` devices) and set of
+# processes: its ``DimFeeds``, with the arguments that keep the map's id from being reused.
+_FEEDS: dict[tuple[Any, ...], tuple[tuple[Any, ...], DimFeeds]] = {}
+_FEEDS_BOUND = 4096
 
 
-@memo(4096)
-def _dim_feed(mesh: Mesh, dim: tuple[str, ...], device_process: tuple[int, ...]) -> _DimFeeds:
-    owner = owner_array(device_process)[_positions(mesh)[0]]  # per device, flat mesh order
-    k = math.prod(mesh.shape[a] for a in dim)
-    return _DimFeeds(owner, _dim_numbers(mesh, dim), k)
+def dim_feeds(
+    mesh: Mesh,
+    axes: DimAxes,
+    device_process: tuple[int, ...],
+    processes: tuple[int, ...] | None = None,
+) -> tuple[DimFeeds, ...]:
+    """For each dimension, which shards each process holds, and whether that is uniform:
+    O(devices) integer work in numpy once per split of a dimension (kept per split), O(the
+    shards of ``processes``) kept: the processes a caller reads (its own; ``None``: every
+    process, as virtual hosts plan every device). The mesh must cover ``device_process``'s
+    devices."""
+    owner = None
+    out = []
+    for dim in axes:
+        args = (mesh, dim, device_process, processes)
+        key = _key(args)
+        hit = _FEEDS.get(key)
+        if hit is None:
+            if owner is None:  # the map as numpy, once for every dimension of this call
+                owner = mesh_owners(mesh, device_process)
+            f = DimFeeds(mesh, dim, device_process, processes, owner)
+            if len(_FEEDS) >= _FEEDS_BOUND:
+                _FEEDS.clear()
+            _FEEDS[key] = (args, f)
+        else:
+            f = hit[1]
+        out.append(f)
+    return tuple(out)
 
 
-@memo(4096)
-def dim_feeds(mesh: Mesh, axes: DimAxes, device_process: tuple[int, ...]) -> tuple[_DimFeeds, ...]:
-    """For each dimension, which shards each process holds, and whether that is uniform
-    (O(devices) integer work in numpy, once per split of a dimension; the mesh must cover
-    ``device_process``'s devices)."""
-    return tuple(_dim_feed(mesh, dim, device_process) for dim in axes)
+dim_feeds.cache_clear = _FEEDS.clear  # type: ignore[attr-defined]
+
+
+def planned_processes(owners: Sequence[int]) -> tuple[int, ...] | None:
+    """The processes whose feeds a plan for devices owned by ``owners`` reads: those, sorted
+    and distinct, or ``None`` (every process) past ``_BIG`` of them."""
+    distinct = sorted(set(owners))
+    return tuple(distinct) if len(distinct) <= _BIG else None
 
 
 def covers(mesh: Mesh, device_count: int) -> bool:
@@ -520,12 +621,12 @@ class NamedSharding:
             )
         return process_index, device_process
 
-    def _feeds(self, ndim: int, device_process: Sequence[int] | None) -> tuple[_DimFeeds, ...]:
+    def _feeds(self, ndim: int, device_process: Sequence[int] | None) -> tuple[DimFeeds, ...]:
         if device_process is None:
             device_process = topology_of(self._mesh).device_process
         device_process = tuple(device_process)
         check_device_process(self._mesh, device_process)
-        return dim_feeds(self._mesh, self._dims(ndim), device_process)
+        return dim_feeds(self._mesh, self._dims(ndim), device_process, ())  # counts only
 
     def process_local_shape(
         self,
@@ -549,7 +650,7 @@ class NamedSharding:
         """
         shape = tuple(int(n) for n in global_shape)
         process_index, device_process = self._topology(process_index, device_process)
-        feeds = dim_feeds(self._mesh, self._dims(len(shape)), device_process)
+        feeds = dim_feeds(self._mesh, self._dims(len(shape)), device_process, (process_index,))
         counts = self.shard_counts(len(shape))
         return tuple(
             sum(_shard_size(n, k, j) for j in f.held(process_index))
@@ -596,7 +697,7 @@ class NamedSharding:
         if not 0 <= dim < ndim:
             raise ValueError(f"dim must be in [0, {ndim}), but got {dim}.")
         process_index, device_process = self._topology(process_index, device_process)
-        f = dim_feeds(self._mesh, self._dims(ndim), device_process)[dim]
+        f = dim_feeds(self._mesh, self._dims(ndim), device_process, (process_index,))[dim]
         if f.count is None:
             raise NonUniformShardingError(
                 f"{self!r} is not process-uniform along dim {dim}: the processes hold the shard "

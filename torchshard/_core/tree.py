@@ -219,7 +219,8 @@ def paths(
 
 
 class LazyPaths:
-    """``paths(treespec, name, parts)``, computed the first time an entry is read."""
+    """``paths(treespec, name, parts)``, computed the first time an entry is read; ``at(i)``
+    is entry ``i`` unread (a ``LeafPath``), for a check that names it only when it fails."""
 
     __slots__ = ("_name", "_parts", "_paths", "_treespec")
 
@@ -235,6 +236,31 @@ class LazyPaths:
         if self._paths is None:
             self._paths = paths(self._treespec, self._name, self._parts)
         return self._paths[i]
+
+    def at(self, i: int) -> LeafPath:
+        """Leaf ``i``'s path, computed when an error message formats it."""
+        return LeafPath(self, i)
+
+
+class LeafPath:
+    """One leaf's path of a ``LazyPaths``, computed when formatted (``str``, an f-string,
+    ``errors.at``): a check takes it where it would take the path, and only its error reads it
+    (paths are for errors: a large tree's cost, ~1 us per leaf, on every call otherwise)."""
+
+    __slots__ = ("_i", "_paths")
+
+    def __init__(self, paths: LazyPaths, i: int) -> None:
+        self._paths = paths
+        self._i = i
+
+    def __str__(self) -> str:
+        return self._paths[self._i]
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+
+Where = str | LeafPath  # a leaf's path, or one computed when an error formats it
 
 
 def unflatten(treespec: optree.PyTreeSpec, leaves: list[Any]) -> Any:

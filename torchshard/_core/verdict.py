@@ -77,3 +77,8 @@ class Verdict:
 def ranks_text(ranks: RankSet) -> str:
     """``"rank 3"`` or ``"ranks 0-2, 5"``."""
     return f"rank {ranks}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
+def processes_text(ranks: RankSet) -> str:
+    """``"process 3"`` or ``"processes 0-2, 5"``."""
+    return f"process {ranks}" if len(ranks) == 1 else f"processes {ranks}"

@@ -4,7 +4,7 @@
 (torch_xla sets its global mesh; DTensor builds the mesh's ``DeviceMesh``, a collective, on
 the program's thread), then the mesh becomes the current mesh of this task or thread in the
 core's context (``torchshard._core.context``, a ``ContextVar``). ``exit`` restores the outer
-mesh in the core's context.
+mesh in the core's context, and judges the last call's deferred agreement check (DTensor).
 
 What torchshard guarantees: its own calls use the mesh of the task or thread that makes them
 (asyncio tasks that interleave ``with mesh:`` on one thread each see their own). A runtime's
@@ -82,6 +82,9 @@ def exit(mesh: Mesh) -> None:
     if not meshes.process_wide:  # a runtime mesh per thread (JAX's): this context's outer one
         outer = [e.mesh for e in _MINE.get() if e.mesh.backend == mesh.backend]
         meshes.make_current(outer[-1] if outer else None)
+    checks = lookup(mesh).processes
+    if checks is not None:  # the last direct call's check, if deferred, is judged here
+        checks.settle(mesh, "on leaving the mesh")
 
 
 def current_topology(mesh: Mesh | None = None, *, backend: str | None = None) -> Topology:

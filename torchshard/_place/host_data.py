@@ -16,7 +16,7 @@ import torch
 
 from torchshard._core import checks
 from torchshard._core.errors import at
-from torchshard._core.tree import register_array_type
+from torchshard._core.tree import Where, register_array_type
 from torchshard._place._torch_private import functorch_wrapper, is_fake_tensor
 
 if TYPE_CHECKING:
@@ -111,8 +111,9 @@ def _dtype_names() -> str:
     return ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
 
-def as_host_tensor(x: Any, where: str) -> torch.Tensor:
-    """``x`` as a CPU tensor sharing its memory; raises ``TypeError`` naming ``where``."""
+def as_host_tensor(x: Any, where: Where) -> torch.Tensor:
+    """``x`` as a CPU tensor sharing its memory; raises ``TypeError`` naming ``where`` (a path,
+    or a ``LeafPath``: computed only then)."""
     if is_host_tensor(x):
         return x
     if isinstance(x, torch.Tensor):
@@ -177,7 +178,7 @@ def as_host_tensor(x: Any, where: str) -> torch.Tensor:
     )
 
 
-def unwrapped(x: torch.Tensor, where: str) -> torch.Tensor:
+def unwrapped(x: torch.Tensor, where: Where) -> torch.Tensor:
     """``x`` itself unless a ``torch.func`` transform wrapped it. A tensor kept from inside
     ``grad``, ``vjp`` or ``jvp`` reads as its values once the transform has ended: its values
     (``detach`` unwraps it). Raises ``TypeError`` naming ``where`` for a tensor that ``vmap``
@@ -213,7 +214,7 @@ def unwrapped(x: torch.Tensor, where: str) -> torch.Tensor:
     raise TypeError(at(where, f"expected a host tensor, but got {found}"))
 
 
-def _check_tensor_kind(x: torch.Tensor, where: str) -> None:
+def _check_tensor_kind(x: torch.Tensor, where: Where) -> None:
     """Raises ``TypeError`` naming ``where`` for a CPU tensor whose memory is not its values:
     a fake or nested tensor, a lazy conjugate or negative view, freed storage."""
     if is_fake_tensor(x):  # reports device cpu but has no memory (reading it: SIGSEGV)
@@ -263,7 +264,7 @@ def _check_tensor_kind(x: torch.Tensor, where: str) -> None:
         )
 
 
-def shape_dtype(x: Any, where: str) -> tuple[tuple[int, ...], Any]:
+def shape_dtype(x: Any, where: Where) -> tuple[tuple[int, ...], Any]:
     """The shape and dtype of an array-like spec leaf (``TensorSpec`` or ``.shape``/``.dtype``).
 
     Raises ``TypeError`` naming ``where`` unless the shape is a sequence of ints (fractional
@@ -301,7 +302,7 @@ def is_dtype(dtype: Any) -> bool:
     )
 
 
-def check_supported_dtype(dtype: Any, where: str) -> None:
+def check_supported_dtype(dtype: Any, where: Where) -> None:
     """Raises ``TypeError`` naming ``where`` unless ``host_to_global_array`` takes ``dtype``
     (a dtype, as ``shape_dtype`` checks)."""
     if isinstance(dtype, torch.dtype):
@@ -324,7 +325,7 @@ def host_tensors(call: HostCall, done: Container[int] = ()) -> list[list[torch.T
     the path. The leaves in ``done`` (already global) stay as they are."""
     return [
         [
-            x if i in done or is_host_tensor(x) else as_host_tensor(x, paths[i])  # paths: lazy
+            x if i in done or is_host_tensor(x) else as_host_tensor(x, paths.at(i))
             for i, x in enumerate(leaves)
         ]
         for leaves, paths in zip(call.leaves, call.paths, strict=True)

@@ -2,7 +2,8 @@
 
 Data flow of ``host_to_global_array``: the current mesh, its backend and topology; the call
 (``call.py``) of this host's tree; the backend's agreement step (DTensor: one exchange over
-the tree, overlapping the rest; torch_xla has none); the call's plans (``cache.py``: kept from
+the tree, overlapping the rest and judged at the result's first use or the next call;
+torch_xla has none); the call's plans (``cache.py``: kept from
 an earlier call, else validated and planned by ``validate.py``); ``place.py`` hands one view
 per local device to the backend. Nothing moves before every leaf is validated.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 
 from torchshard._backend.registry import lookup
-from torchshard._core.agreement import value_check_enabled
+from torchshard._core.agreement import judged_in_the_call, value_check_enabled
 from torchshard._core.context import current_mesh, require_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ShardingError
@@ -24,7 +25,7 @@ from torchshard._core.sharding import NamedSharding
 from torchshard._core.spec import DataPartitionType
 from torchshard._core.tensor_spec import TensorSpec
 from torchshard._core.topology import emulated
-from torchshard._core.tree import flatten, paths, unflatten
+from torchshard._core.tree import LazyPaths, flatten, unflatten
 from torchshard._place.call import HostCall
 from torchshard._place.guard import check_caller, eagerly
 from torchshard._place.host_data import check_supported_dtype, shape_dtype
@@ -95,9 +96,10 @@ def host_to_global_array(
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     if torch.compiler.is_compiling():  # torch.compile traces the call: place eagerly
-        return eagerly(host_to_global_array)(
-            host_arrays, partition=partition, global_shape=global_shape
-        )
+        with judged_in_the_call():  # the graph gets the result: no tensor that waits
+            return eagerly(host_to_global_array)(
+                host_arrays, partition=partition, global_shape=global_shape
+            )
     check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:
@@ -125,7 +127,9 @@ def host_to_global_array(
     except BaseException:
         agreed()
         raise
-    agreed()
+    # Judged now, or off the step's path: at the result's first use or the next call
+    # (set_agreement_deferred); the value check below is a call, so it judges it first.
+    out = checks.agree_after(mesh, agreed, call, out, what="host_to_global_array")
     if value_check_enabled():  # opt-in: processes that hold the same block pass equal values
         checks.check_values(mesh, out, argname="host_arrays", what="host_to_global_array")
     return out
@@ -171,20 +175,20 @@ def host_to_global_specs(
     # Anything with .shape and .dtype is a leaf, even a dataclass or namedtuple (which would
     # otherwise be a node); the partition is then matched against a tree of TensorSpecs.
     leaves, treespec = flatten(host_specs, is_leaf=_has_shape_and_dtype)
-    where = paths(treespec, "host_specs")
-    shapes_dtypes = [shape_dtype(leaf, path) for leaf, path in zip(leaves, where, strict=True)]
-    for (_, dtype), path in zip(shapes_dtypes, where, strict=True):
-        check_supported_dtype(dtype, path)
+    where = LazyPaths(treespec, "host_specs")  # computed only for an error
+    shapes_dtypes = [shape_dtype(leaf, where.at(i)) for i, leaf in enumerate(leaves)]
+    for i, (_, dtype) in enumerate(shapes_dtypes):
+        check_supported_dtype(dtype, where.at(i))
     as_specs = unflatten(treespec, [TensorSpec(s, d) for s, d in shapes_dtypes])
     specs = specs_for(spec_tree, as_specs, len(leaves), "host_specs")
     given = global_shapes(global_shape, as_specs, len(leaves), "host_specs", where)
     if full:
         check_full_batch(where, [s for s, _ in shapes_dtypes])
     out = []
-    for (shape, dtype), path, spec, known in zip(shapes_dtypes, where, specs, given, strict=True):
+    for i, (shape, dtype) in enumerate(shapes_dtypes):
         # The plan of the leaf, for no device: the same validation and global shape as placing.
-        p = plan_leaf(mesh, backend, spec, shape, known, topology, (), path)
-        out.append(TensorSpec(p.global_shape, dtype, NamedSharding(mesh, spec)))
+        p = plan_leaf(mesh, backend, specs[i], shape, given[i], topology, (), where.at(i))
+        out.append(TensorSpec(p.global_shape, dtype, NamedSharding(mesh, specs[i])))
     return unflatten(treespec, out)
 
 

@@ -83,7 +83,7 @@ def place(
             placers = bound.placers
             for i, x in enumerate(call.leaves[0]):
                 if type(x) is not torch.Tensor:
-                    x = as_host_tensor(x, call.paths[0][i])
+                    x = as_host_tensor(x, call.paths[0].at(i))
                 out.append(placers[i](x))
             return call.treespecs[0].unflatten(out)
         if hosts is None:  # a cached plan: the key says these leaves need no checks
@@ -120,7 +120,7 @@ def place(
                 out.append(make_global(mesh, p.axes, p.global_shape, device_shards(p, per, slot)))
         return unflatten(call.treespec, out)
     except Refused as e:
-        raise type(e.error)(at(call.paths[0][i], str(e.error))) from None
+        raise type(e.error)(at(call.paths[0].at(i), str(e.error))) from None
 
 
 def to_global(

@@ -26,14 +26,14 @@ from torchshard._core.context import current_mesh
 from torchshard._core.deprecation import warn_once
 from torchshard._core.errors import ProcessDisagreementError, ShardingError, at
 from torchshard._core.topology import Topology
-from torchshard._core.tree import LazyPaths, flatten, unflatten
+from torchshard._core.tree import LazyPaths, Where, flatten, unflatten
 from torchshard._mesh.context import current_topology
 from torchshard._place.guard import eagerly
 
 _NOT_GIVEN: Any = object()  # global_to_host_array's deprecated ``partition``, when not passed
 
 
-def _check_global(backend: Backend, x: Any, where: str) -> None:
+def _check_global(backend: Backend, x: Any, where: Where) -> None:
     if not backend.place.is_global(x):
         on = f" on {x.device}" if isinstance(x, torch.Tensor) else ""
         raise TypeError(
@@ -76,7 +76,7 @@ def _non_grid_block(
     addressable: Sequence[LocalShard],
     ndim: int,
     dtype: torch.dtype,
-    where: str,
+    where: Where,
     host: int,
 ) -> torch.Tensor:
     """A host's block when its own devices do not fill it (a non-grid layout: the block is
@@ -128,7 +128,7 @@ def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
     where = LazyPaths(treespec, argname)
     for i, leaf in enumerate(leaves):
         if not backend.place.is_global(leaf):
-            _check_global(backend, leaf, where[i])
+            _check_global(backend, leaf, where.at(i))
     all_shards = backend.read.local_shards(leaves)
     owner = topology.device_process
     wanted = [topology.process_index] if hosts is None else list(hosts)
@@ -148,7 +148,7 @@ def host_blocks(global_arrays: Any, hosts: Sequence[int] | None) -> list[Any]:
                 )
             block = _block(mine, leaf.dim(), leaf.dtype)
             if block is None:
-                block = _non_grid_block(mine, shards, leaf.dim(), leaf.dtype, where[i], h)
+                block = _non_grid_block(mine, shards, leaf.dim(), leaf.dtype, where.at(i), h)
             blocks.append(block)
         out.append(unflatten(treespec, blocks))
     return out
@@ -213,7 +213,7 @@ def replicate_to_local_data(x: Any, /) -> Any:
     where = LazyPaths(treespec, "x")
     for i, leaf in enumerate(leaves):
         if not backend.place.is_global(leaf):
-            _check_global(backend, leaf, where[i])
+            _check_global(backend, leaf, where.at(i))
     # Where processes gather together (DTensor), every process must take the same branch: one
     # whose block happens to be the whole value (an uneven split: 1 row over 4 ranks) still
     # gathers with the others, or they would wait for it.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to
 from torchshard._core.sharding import DimAxes, NamedSharding
 from torchshard._core.spec import DataPartitionType, PartitionSpec
 from torchshard._core.topology import Topology
-from torchshard._core.tree import broadcast_prefix
+from torchshard._core.tree import Where, broadcast_prefix
 from torchshard._place.call import CallPlan, HostCall
 from torchshard._place.host_data import host_tensors
 from torchshard._place.memory import check_fits
@@ -58,7 +58,7 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
     shapes = [tuple(t.shape) for t in tensors[0]]
     if full and done:  # a global leaf is not a host batch
         host = [i for i in range(n) if i not in done]
-        check_full_batch([paths[i] for i in host], [shapes[i] for i in host])
+        check_full_batch([paths.at(i) for i in host], [shapes[i] for i in host])
     elif full:
         check_full_batch(paths, shapes)
     plans: list[HostPlan | None] = []
@@ -66,9 +66,8 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
         if i in done:
             plans.append(None)
             continue
-        where = functools.partial(paths.__getitem__, i)  # computed only for an error
         plans.append(
-            plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, where)
+            plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, paths.at(i))
         )
     if backend.place.devices_in_host_memory():
         itemsizes = [t.element_size() for t in tensors[0]]
@@ -120,17 +119,16 @@ def plan_leaf(
     given: tuple[int, ...] | None,
     topology: Topology,
     devices: tuple[int, ...],
-    path: str | Callable[[], str],
+    path: Where,
 ) -> HostPlan:
     """The plan of one leaf whose every host passes a block of ``shape`` (``given``: its global
-    shape, else inferred), for ``devices``; ``ShardingError`` naming ``path`` (or what calling
-    it returns: paths are computed only for errors) when the spec, the mesh or the backend
-    cannot take it."""
+    shape, else inferred), for ``devices``; ``ShardingError`` naming ``path`` (a ``LeafPath``
+    is computed only then) when the spec, the mesh or the backend cannot take it."""
     try:
         p = plan_from_local(mesh, spec, shape, topology.device_process, devices, given)
         check_layout(backend, mesh, p.axes)
     except ShardingError as e:
-        raise type(e)(at(path if isinstance(path, str) else path(), str(e))) from None
+        raise type(e)(at(path, str(e))) from None
     return p
 
 
@@ -286,7 +284,7 @@ def already_global(
     for i, x in enumerate(call.leaves[0]):
         if not backend.place.is_global(x):
             continue
-        path = call.paths[0][i]
+        path = call.paths[0].at(i)  # computed only for an error
         for h in range(1, len(call.leaves)):
             if call.leaves[h][i] is not x:
                 raise ShardingError(

@@ -44,8 +44,9 @@ DEFAULT_BENCH_DTENSOR = "dtensor"
 DEFAULT_BENCH_TORCHAX = "torchax"
 # The registry of the benches ``python -m torchshard bench`` runs (the lab has its own).
 WHEEL_BENCHES = "torchshard._tools.bench"
-# ``layout`` describes at most this many devices: 65,536 take about 10 s and print as many
-# table rows; a 2048 x 2048 mesh (4 M devices) would take minutes and gigabytes.
+# ``layout`` describes at most this many devices: 65,536 take about 0.1 s (numpy; the text is
+# the runs of blocks and hosts, ``--full`` a row per block: 65,536 rows); a 2048 x 2048 mesh
+# (4 M devices) would take seconds and gigabytes.
 MAX_LAYOUT_DEVICES = 65_536
 # ``layout --png`` draws one patch and one label per device: a 256 x 256 mesh passed 3 GB of
 # RSS in matplotlib; past this many devices the picture is unreadable anyway.
@@ -469,7 +470,8 @@ def _layout(args: argparse.Namespace) -> int:
         shape = " x ".join(str(n) for n in args.mesh)
         raise UsageError(
             f"a {shape} mesh has {devices:,} devices; layout describes at most "
-            f"{MAX_LAYOUT_DEVICES:,} (about 10 s), so describe a smaller mesh with the same axes"
+            f"{MAX_LAYOUT_DEVICES:,} (--full prints a row for each), so describe a smaller mesh "
+            "with the same axes"
         )
     if args.png:
         from torchshard._core.optional import require_matplotlib
@@ -495,7 +497,7 @@ def _layout(args: argparse.Namespace) -> int:
     mesh = ts.Mesh(np.arange(devices).reshape(args.mesh), args.axes)
     layout = ts.describe_layout(mesh, args.spec, args.shape, num_hosts=args.hosts)
     with printing():
-        ts.visualize_sharding(layout, use_rich=False if args.plain else None)
+        ts.visualize_sharding(layout, use_rich=False if args.plain else None, full=args.full)
     if args.png:
         with writing(args.png):
             layout.save_png(args.png)
@@ -724,6 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="let --png replace an existing file"
     )
     layout.add_argument("--plain", action="store_true", help="plain text, no rich")
+    layout.add_argument(
+        "--full",
+        action="store_true",
+        help="every block and host, however many (by default more than 64 print as the runs "
+        "they form: the first and last of each, and the step between them)",
+    )
     layout.set_defaults(func=_layout, needs_runtime=False, input_errors=True)
     return parser
 

@@ -13,22 +13,22 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Sequence
 from typing import IO, Any
 
+import numpy as np
 import torch
 
 from torchshard._backend.registry import lookup
 from torchshard._core.context import current_mesh
-from torchshard._core.layout import (
-    LayoutBlock,
-    ShardingLayout,
+from torchshard._core.layout import LayoutBlock, ShardingLayout, install_png_drawer
+from torchshard._core.layout_text import (
+    Cell,
     cell_lines,
     footer,
     grid,
-    install_png_drawer,
     render_plain,
     span_text,
+    table_lines,
     table_rows,
 )
 from torchshard._core.optional import available, require_matplotlib, require_rich
@@ -67,8 +67,9 @@ def layout_of_tensor(tensor: Any) -> ShardingLayout:
     return ShardingLayout(shape, blocks, topo.process_count, mesh, None)
 
 
-def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
-    """Prints the layout with ``rich`` (cells coloured by host)."""
+def render_rich(layout: ShardingLayout, file: IO[str], *, full: bool = False) -> None:
+    """Prints the layout with ``rich`` (cells coloured by host; a large layout's runs, or with
+    ``full`` every block and host, as ``render_plain``)."""
     require_rich("visualize_sharding(use_rich=True)")
     from rich import box
     from rich.console import Console
@@ -85,17 +86,19 @@ def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
     g = grid(layout)
     table = Table(box=box.SQUARE, show_lines=g is not None)
 
-    def styled(blocks: Sequence[LayoutBlock]) -> Text:
-        colour = _COLOURS[blocks[0].host % len(_COLOURS)]
-        return Text("\n".join(cell_lines(blocks)), style=f"bold {colour}", justify="center")
+    def styled(cell: Cell) -> Text:
+        colour = _COLOURS[cell.hosts[0] % len(_COLOURS)]
+        return Text("\n".join(cell_lines(cell)), style=f"bold {colour}", justify="center")
 
     if g is None:
         for name in ("block", "devices", "hosts"):
             table.add_column(name)
-        for (block, devs, hosts), blocks in zip(
-            table_rows(layout), layout.distinct_blocks.values(), strict=True
-        ):
-            colour = _COLOURS[blocks[0].host % len(_COLOURS)]
+        for line in table_lines(layout, full=full):
+            if isinstance(line, str):  # a run's step, or the blocks left out
+                table.add_row(Text(line, style="dim"), "", "")
+                continue
+            block, devs, hosts, host = line
+            colour = _COLOURS[host % len(_COLOURS)]
             table.add_row(block, devs, Text(hosts, style=f"bold {colour}"))
     else:
         rows, cols, cells = g
@@ -109,12 +112,16 @@ def render_rich(layout: ShardingLayout, file: IO[str]) -> None:
             table.add_row(*row)
     console.print(layout.title())
     console.print(table)
-    for line in footer(layout):
+    for line in footer(layout, full=full):
         console.print(line)
 
 
 def visualize_sharding(
-    tensor_or_layout: Any, *, file: IO[str] | None = None, use_rich: bool | None = None
+    tensor_or_layout: Any,
+    *,
+    file: IO[str] | None = None,
+    use_rich: bool | None = None,
+    full: bool = False,
 ) -> ShardingLayout:
     """Prints which device and host hold which block of a tensor or a described layout.
 
@@ -123,6 +130,9 @@ def visualize_sharding(
             from the current topology) or a ``ShardingLayout`` from ``describe_layout``.
         file: where to print (default: ``sys.stdout``).
         use_rich: draw with ``rich`` (default: when it is installed); False: plain text.
+        full: every block and every host, however many; by default a layout of more than 64
+            blocks (or hosts) prints the runs they form (the first and last of each, and the
+            step between them), so a pod's 16,384 devices print as a few lines.
 
     Returns:
         The ``ShardingLayout`` (``.save_png(path)`` draws it into a picture).
@@ -155,9 +165,9 @@ def visualize_sharding(
     if use_rich is None:
         use_rich = available("rich")
     if use_rich:
-        render_rich(layout, file)
+        render_rich(layout, file, full=full)
     else:
-        file.write(render_plain(layout) + "\n")
+        file.write(render_plain(layout, full=full) + "\n")
     return layout
 
 
@@ -190,7 +200,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
         )
         ax = fig.add_subplot()
         size = max(5.0, 11.0 - 0.08 * len(cells))
-        for (i, j), blocks in cells.items():
+        for (i, j), cell in cells.items():
             r0, r1 = rowspans[i]
             c0, c1 = colspans[j] if colspans is not None else (0, 1)
             if r1 == r0 or c1 == c0:
@@ -200,7 +210,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
                     (c0, r0),
                     c1 - c0,
                     r1 - r0,
-                    facecolor=cmap[blocks[0].host % 10],
+                    facecolor=cmap[cell.hosts[0] % 10],
                     alpha=0.55,
                     edgecolor="black",
                     linewidth=1.2,
@@ -209,7 +219,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
             ax.text(
                 (c0 + c1) / 2,
                 (r0 + r1) / 2,
-                "\n".join(cell_lines(blocks)),
+                "\n".join(cell_lines(cell)),
                 ha="center",
                 va="center",
                 fontsize=size,
@@ -225,7 +235,7 @@ def save_png(layout: ShardingLayout, path: str, dpi: int = 120) -> None:
             ax.xaxis.tick_top()
         else:
             ax.set_xticks([])
-        hosts = sorted({b.host for b in layout.blocks})
+        hosts = np.unique(layout.arrays.hosts).tolist()
         if len(hosts) <= 16:
             ax.legend(
                 handles=[

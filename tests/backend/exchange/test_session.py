@@ -256,3 +256,37 @@ def test_processes_that_started_with_other_checks_are_told_at_the_first_exchange
     assert "set_agreement_check(False)" in str(got[0]) and "TORCHSHARD_AGREEMENT_CHECK" in str(
         got[0]
     )
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_an_eager_exchange_starts_its_second_round_without_its_end(tree, eager):
+    """Rank 1 begins an exchange whose digest differs and calls its end only after rank 0's
+    end returned (a deferred check, judged later): eager, rank 0 gets the descriptions at
+    once; not eager, rank 0 waits for rank 1's end until the timeout."""
+    ss, _ = tree(2)
+    ends = [ss[r].begin("call", [f"item {r}"], "c", eager=eager) for r in (0, 1)]
+    if eager:
+        v = ends[0]()
+        assert v.per_process() == [("call", "item 0"), ("call", "item 1")]
+    else:
+        with pytest.raises(CollectiveError, match="timed out"):
+            ends[0]()
+    if eager:
+        assert ends[1]().per_process() == [("call", "item 0"), ("call", "item 1")]
+
+
+def test_a_deferred_check_is_judged_at_the_next_call_on_its_stream_once(tree):
+    ss, _ = tree(2)
+    judged: dict[int, list[str]] = {0: [], 1: []}
+
+    def run(r):
+        ss[r].exchange("first", ["a"], "s")
+        ss[r].defer("s", judged[r].append)
+        ss[r].exchange("other stream", ["a"], "t")  # another stream: not judged
+        before = list(judged[r])
+        ss[r].exchange("second", ["a"], "s")
+        ss[r].settle(None, "at the end")  # nothing left
+        return before
+
+    assert on_ranks(run, [0, 1]) == [[], []]
+    assert judged == {r: ["at the next torchshard call on its stream (second)"] for r in (0, 1)}

@@ -6,13 +6,21 @@ on after the timeout, named in a warning; a forked child forgets the parent's ru
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
+import pytest
 from data_helpers import run_script, wait_until
 
+import torchshard as ts
 from torchshard.data._loader import exit
 from torchshard.data._loader import threads as _worker
-from torchshard.data._loader.prefetch import Life, Prefetcher
+from torchshard.data._loader.prefetch import Life, Outside, Prefetcher
 from torchshard.data._loader.threads import parked_threads
 
 _BUSY_AT_EXIT = """
@@ -41,6 +49,87 @@ def test_a_thread_inside_torch_at_exit_does_not_abort_the_process(tmp_path):
     out = run_script(tmp_path / "busy_at_exit.py", _BUSY_AT_EXIT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == "exiting\n" and "terminate called" not in out.stderr
+
+
+_CTRL_C = """
+import sys, threading
+import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+import torchshard as ts
+from torchshard.data._loader import exit, prefetch
+
+prefetch.JOIN_SECONDS = exit.EXIT_SECONDS = 3600.0  # a wait for the thread outlasts the test
+
+class Stuck(Dataset):  # a slow __getitem__: the read of the second batch never returns
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i >= 4:
+            threading.Event().wait(3600)
+        return np.full(2, i, np.float32)
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+mesh = ts.create_device_mesh((1,), ("data",), backend="dtensor")
+loader = ts.GlobalBatchLoader(DataLoader(Stuck(), batch_size=4), mesh=mesh)
+try:
+    for batch in loader:
+        print("waiting", flush=True)  # in next() for the second batch when Ctrl-C comes
+except KeyboardInterrupt as e:
+    if sys.argv[1] == "uncaught":
+        raise
+    print("caught", repr(e), flush=True)
+    loader.close()
+    print("closed", flush=True)
+"""
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("after", ["uncaught", "caught, then close()"])
+def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path, after):
+    """A real SIGINT, to the process group as a terminal sends it, while ``next()`` waits on a
+    source stuck in ``__getitem__``. The process exited 13-24 s later: ``next()`` closed the
+    epoch joining the thread for ``JOIN_SECONDS`` (10 s) before the ``KeyboardInterrupt`` went
+    on, ``close()`` joined it again, and the exit for ``EXIT_SECONDS`` (2 s). The child sets
+    both to an hour, so that any such wait outlasts this test's bound (the figures, against
+    the plain DataLoader loop: ``python -m benchmarks ctrl_c``)."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(_CTRL_C)
+    root = str(Path(ts.__file__).resolve().parents[1])
+    child = subprocess.Popen(
+        [sys.executable, str(script), after.split(",")[0]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=_default_sigint,  # (a job started by `cmd &` in a script ignores SIGINT)
+    )
+    guard = threading.Timer(120, os.killpg, (child.pid, signal.SIGKILL))  # the hang guard
+    guard.start()
+    try:
+        for line in child.stdout:  # (gloo prints a line of its own first)
+            if line == "waiting\n":
+                break
+        time.sleep(0.3)  # into next()'s wait
+        os.killpg(child.pid, signal.SIGINT)
+        out, err = child.communicate()  # a wait for the thread lasts an hour: SIGKILL at 120 s
+    finally:
+        guard.cancel()
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    if after == "uncaught":
+        assert child.returncode == -signal.SIGINT, err[-2000:]  # Python's exit by SIGINT
+        assert err.rstrip().endswith("KeyboardInterrupt"), err[-2000:]
+    else:
+        assert child.returncode == 0, err[-2000:]
+        assert out == "caught KeyboardInterrupt()\nclosed\n", err[-2000:]
+    assert "did not stop within" not in err, err[-2000:]
 
 
 def test_shutdown_ends_the_parked_threads_and_joins_the_running_ones(monkeypatch):
@@ -82,7 +171,9 @@ def test_at_exit_retires_every_live_run_and_joins_its_thread(monkeypatch):
     assert not p._thread.is_alive()
 
 
-def test_at_exit_names_a_thread_still_blocked_in_its_source(monkeypatch, caplog):
+def test_at_exit_names_a_thread_still_busy_outside_its_source(monkeypatch, caplog):
+    """A thread busy in torchshard's own work (here a ``produce`` that reads no source through
+    an ``Outside``) is waited for, ``EXIT_SECONDS`` at most, then named."""
     monkeypatch.setattr(_worker, "_POOL", _worker._Pool())
     monkeypatch.setattr(exit, "EXIT_SECONDS", 0.2)
     release = threading.Event()
@@ -94,12 +185,46 @@ def test_at_exit_names_a_thread_still_blocked_in_its_source(monkeypatch, caplog)
     p = Prefetcher(blocked, depth=1, name="exit-blocked")
     with caplog.at_level("WARNING", logger="torchshard.data._loader.exit"):
         exit.at_exit()
-    assert p.life is Life.RETIRED  # retired, but still inside the source
+    assert p.life is Life.RETIRED  # retired, but still busy
     (record,) = caplog.records
     assert "at exit, torchshard's threads ['exit-blocked-" in record.getMessage()
-    assert "did not stop within 0.2 s (blocked inside a source?)" in record.getMessage()
+    assert "did not stop within 0.2 s (busy outside their source: " in record.getMessage()
     release.set()
     assert wait_until(lambda: p.life is Life.FINISHED)
+
+
+def test_at_exit_does_not_wait_for_a_thread_inside_its_source(monkeypatch, caplog):
+    """A thread blocked inside its source (a slow dataset, stuck DataLoader workers) is not
+    waited for: it held every exit after Ctrl-C up by ``EXIT_SECONDS``. Retired, it leaves the
+    source by ``Retired`` and makes nothing more (``produce`` is not called again, nothing
+    after the read runs), and its ``on_finish`` ran at the exit."""
+    monkeypatch.setattr(_worker, "_POOL", _worker._Pool())
+    monkeypatch.setattr(exit, "EXIT_SECONDS", 60.0)  # a wait would show as a stuck test
+    entered, release = threading.Event(), threading.Event()
+    outside, after_read, finished, calls = Outside(), [], [], []
+
+    def source():
+        entered.set()
+        release.wait(60)
+        return "late"
+
+    def produce(i):
+        calls.append(i)
+        x = outside.call(source)
+        after_read.append(x)  # never runs: the run was retired meanwhile
+        return x
+
+    p = Prefetcher(
+        produce, depth=1, name="exit-source", outside=outside, on_finish=lambda: finished.append(1)
+    )
+    assert entered.wait(30)
+    with caplog.at_level("WARNING", logger="torchshard.data._loader.exit"):
+        exit.at_exit()  # returns at once
+    assert p.in_source() is p._thread and p._thread.is_alive()
+    assert finished == [1] and caplog.records == []
+    release.set()
+    assert wait_until(lambda: p.life is Life.FINISHED and not p._thread.is_alive())
+    assert calls == [0] and after_read == [] and finished == [1]  # on_finish ran once
 
 
 def _child_tracks(out):

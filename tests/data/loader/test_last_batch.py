@@ -311,8 +311,8 @@ def test_per_host_lists_whose_first_batch_differs_pad_to_the_largest(mesh8):
 def test_settle_needs_one_whole_batch_size():
     where = lambda i: f"leaf {i}"  # noqa: E731
     msg = (
-        "b: last_batch='pad' needs one size of a whole batch, but it has 4 on process(es) [0], "
-        "2 on process(es) [1]: each process takes its source's batch_size"
+        "b: last_batch='pad' needs one size of a whole batch, but it has 4 on process 0; 2 on "
+        "process 1: each process takes its source's batch_size"
     )
     with pytest.raises(ts.errors.ProcessDisagreementError, match=re.escape(msg)):
         settle(

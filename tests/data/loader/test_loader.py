@@ -344,11 +344,15 @@ def _held(inside, release):
 
 
 @pytest.mark.parametrize("then", ["close()", "iter()"])
-def test_a_break_then_close_or_a_new_iter_joins_the_abandoned_epochs_thread(mesh42, then):
-    """After ``for batch in loader: break``, the epoch's finaliser only tells its thread to
-    stop (it does not join a thread that may be blocked in the source). ``close()`` and the
-    next ``iter()`` returned with the thread still inside the source (it ran on into the
-    next epoch's, and into the interpreter's exit: an abort there); now they wait for it."""
+def test_a_break_then_close_or_a_new_iter_does_not_wait_for_the_thread_inside_the_source(
+    mesh42, then
+):
+    """After ``for batch in loader: break`` with the thread held inside the source, ``close()``
+    and the next ``iter()`` waited for it (``JOIN_SECONDS``, 10 s, if it stayed there). Now
+    they return at once: told to stop, the thread leaves the source when it returns, making
+    nothing more (nothing placed: nothing of torch's runs on into the next epoch or the
+    interpreter's exit), and the batch it was reading from this one-pass source comes first in
+    the next epoch."""
     import threading
 
     inside, release = threading.Event(), threading.Event()
@@ -357,14 +361,22 @@ def test_a_break_then_close_or_a_new_iter_joins_the_abandoned_epochs_thread(mesh
         assert inside.wait(30)  # the thread is reading the next batch, held there
         break
     [abandoned] = loader_threads()  # the iterator is collected: told to stop, still reading
-    threading.Timer(0.5, release.set).start()  # the source returns while close()/iter() waits
+    placed = loader.stats.bytes
     if then == "close()":
         loader.close()
+        assert abandoned.is_alive() and not release.is_set()  # returned, the source still held
+        release.set()
+        assert wait_until(lambda: not abandoned.is_alive())
+        assert loader.stats.bytes == placed  # the batch it brought back was not placed
+        it = iter(loader)
     else:
-        iter(loader)
+        it = iter(loader)  # its thread waits for the old one to leave the source
+        assert abandoned.is_alive() and not release.is_set()
+        release.set()
+    assert [ids(b)[0] for b in it] == list(range(1, 100))  # batch 1 first: nothing lost
     assert not abandoned.is_alive()
     loader.close()
-    assert loader_threads() == []
+    assert no_loader_thread_left()
 
 
 def test_a_new_iter_starts_a_new_epoch_and_stops_the_old_thread(mesh42):
@@ -561,21 +573,50 @@ def test_an_ordereddict_batch_with_a_dict_partition_is_matched_by_key(mesh42):
         np.testing.assert_array_equal(host["a"][:, 0], np.arange(8 * k, 8 * k + 8))
 
 
-def test_deepcopy_mid_epoch_is_refused_with_the_way_to_clone_the_position(mesh8):
-    """``copy.deepcopy`` of a loader mid-epoch failed on a lock ("cannot pickle '_thread.lock'")."""
+@pytest.mark.parametrize("how", ["copy.copy", "copy.deepcopy", "pickle.dumps"])
+@pytest.mark.parametrize("what", ["loader", "iterator", "local iterator", "in a dict"])
+def test_copies_mid_epoch_are_refused_with_the_way_to_clone_the_position(mesh8, what, how):
+    """``copy.deepcopy`` of a loader's iterator mid-epoch failed on a lock ("cannot pickle
+    '_thread.lock'"), as did pickling; ``copy.copy`` of the loader or of its iterator gave an
+    object sharing the thread, the counters and the cursor with the original (each ``next()``
+    of either moved both). Every copy is now refused, naming the call and the way to clone the
+    position, and the refusal changes nothing."""
     import copy
+    import pickle
 
-    loader = ts.GlobalBatchLoader([{"x": np.zeros((8, 2), np.float32)}] * 3)
+    loader = ts.GlobalBatchLoader(
+        [{"id": np.arange(8) + i} for i in range(3)], local=what == "local iterator"
+    )
     it = iter(loader)
     next(it)
-    msg = (
-        "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread and "
-        "locks (a copy mid-epoch would share or lose the source's position). To save or clone "
-        "the position, copy loader.state_dict() and load it into a new GlobalBatchLoader over a "
-        "new source with load_state_dict()."
+    obj = {
+        "loader": loader,
+        "iterator": it,
+        "local iterator": it,
+        "in a dict": {"train": loader},
+    }[what]
+    copier = {"copy.copy": copy.copy, "copy.deepcopy": copy.deepcopy, "pickle.dumps": pickle.dumps}
+    name = (
+        "a GlobalBatchLoader"
+        if what in ("loader", "in a dict")
+        else "an iterator of a GlobalBatchLoader"
     )
-    with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
-        copy.deepcopy(loader)
+    if what == "in a dict" and how == "copy.copy":
+        name = None  # a shallow copy of the dict shares the loader: nothing to refuse
+    msg = (
+        f"{how} of {name} is not supported: it holds the source's iterator (DataLoader "
+        "workers), a thread and locks, which a copy would share or lose, and with them the "
+        "position in the source. To clone the position, take loader.state_dict() and load it "
+        "into a new GlobalBatchLoader over a new source (load_state_dict()); for a second "
+        "stream over the same data, make a second GlobalBatchLoader."
+    )
+    if name is None:
+        assert copier[how](obj)["train"] is loader
+    else:
+        with pytest.raises(TypeError, match=f"^{re.escape(msg)}$"):
+            copier[how](obj)
+    batch = next(it)  # unchanged: the epoch goes on
+    assert ts.replicate_to_local_data(batch["id"]).tolist() == list(range(1, 9))
     loader.close()
 
 
@@ -618,3 +659,42 @@ def test_close_need_not_wait_for_a_thread_blocked_in_the_source(mesh8, how, capl
     release.set()
     assert returned.wait(30)
     assert wait_until(no_loader_thread_left)
+
+
+def test_close_from_another_thread_stops_a_consumer_waiting_on_a_held_source(mesh8, monkeypatch):
+    """The consumer waits in ``next()`` for a batch held in ``__getitem__``; another thread
+    calls ``close(timeout=0)``. The consumer then waited ``JOIN_SECONDS`` (10 s) in its own
+    close of the epoch, and ended the epoch as if the source had: ``state_dict()`` went back to
+    the start of the pass. Now its ``next()`` stops at once and the position stays after the
+    batch it took. ``JOIN_SECONDS`` is an hour here: a wait hangs the consumer (guard: 60 s)."""
+    import threading
+
+    from torchshard.data._loader import prefetch
+
+    monkeypatch.setattr(prefetch, "JOIN_SECONDS", 3600.0)
+    entered, release = threading.Event(), threading.Event()
+
+    class Held(Rows):
+        def __getitem__(self, i):
+            if i >= 8:  # the second batch is held until the test releases it
+                entered.set()
+                release.wait(60)
+            return super().__getitem__(i)
+
+    loader = ts.GlobalBatchLoader(StatefulDataLoader(Held(32), batch_size=8), prefetch=2)
+    it = iter(loader)
+    assert ids(next(it)) == list(range(8))
+    assert entered.wait(30)
+    out = []
+    consumer = threading.Thread(target=lambda: out.append(next(it, "stopped")))
+    consumer.start()
+    time.sleep(0.2)  # into next()'s wait (not needed for the outcome)
+    loader.close(timeout=0)
+    consumer.join(60)
+    assert out == ["stopped"]
+    state = loader.state_dict()
+    assert state["process_0"]["next_batch"] == 1  # was 0, the source's state None: a new pass
+    release.set()
+    loader.load_state_dict(state)
+    assert [ids(b)[0] for b in loader] == [8, 16, 24]
+    assert no_loader_thread_left()

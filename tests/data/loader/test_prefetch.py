@@ -9,9 +9,10 @@ import time
 import traceback
 
 import pytest
-from data_helpers import run_script, wait_until
+from data_helpers import wait_until
 
-from torchshard.data._loader.prefetch import Prefetcher
+from torchshard.data._loader import prefetch
+from torchshard.data._loader.prefetch import Life, Outside, Prefetcher, Retired
 
 
 def live(prefix="prefetch"):
@@ -179,38 +180,90 @@ def test_close_without_waiting_does_not_join_a_thread_blocked_in_the_source():
     wait_until(lambda: not live("prefetch-blocked"), timeout=10)
 
 
-def test_ctrl_c_with_the_source_blocked_exits_at_once(tmp_path):
-    """Ctrl-C (KeyboardInterrupt) in a loop over a GlobalBatchLoader whose source is blocked:
-    the process took JOIN_SECONDS more to exit per open epoch (the finalizer joined the thread).
-    The child sets JOIN_SECONDS to 60 s so that a loaded machine cannot blur the two outcomes."""
-    pytest.importorskip("torch_xla", reason="the child process places on torch_xla")
-    out = run_script(
-        tmp_path / "interrupted.py",
-        "import threading, time, numpy as np, torchshard as ts\n"
-        "import torchshard.data._loader.prefetch as prefetch\n"
-        "prefetch.JOIN_SECONDS = 60.0\n"
-        "ts.setup_cpu_emulation(8)\n"
-        "class Slow:\n"
-        "    def __iter__(self):\n"
-        "        yield {'x': np.zeros((8, 2), np.float32)}\n"
-        "        threading.Event().wait(60)\n"
-        "with ts.Mesh(np.arange(8), ('data',)):\n"
-        "    for batch in ts.GlobalBatchLoader(Slow()):\n"
-        "        time.sleep(0.3)\n"
-        "        print(time.time(), flush=True)\n"
-        "        raise KeyboardInterrupt\n",
+def test_close_does_not_wait_for_a_thread_inside_its_source(monkeypatch):
+    """A thread inside its source (``Outside.call``: a slow dataset, stuck DataLoader workers)
+    may stay there for ever. ``close()`` retired the run, then joined the thread for
+    ``JOIN_SECONDS``, and again at every later ``close()`` (Ctrl-C, then ``close()``: 20 s).
+    Now it returns at once and runs ``on_finish`` (once); the thread, on its way out of the
+    source, makes nothing more. ``JOIN_SECONDS`` is an hour here: a wait hangs the test."""
+    monkeypatch.setattr(prefetch, "JOIN_SECONDS", 3600.0)
+    outside, entered, release = Outside(), threading.Event(), threading.Event()
+    after, finished = [], []
+
+    def produce(i):
+        if i == 0:
+            return 0
+        x = outside.call(lambda: entered.set() or release.wait(60))
+        after.append(i)  # never runs: the run was retired while the thread was inside
+        return x
+
+    p = Prefetcher(
+        produce,
+        depth=1,
+        name="prefetch-inside",
+        outside=outside,
+        on_finish=lambda: finished.append(1),
     )
-    end = time.time()
-    assert out.returncode == -2 and "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]  # SIGINT
-    interrupted = float(out.stdout.split()[-1])
-    assert end - interrupted < 30.0  # before: >= JOIN_SECONDS (60 s)
+    assert p.get() == 0
+    assert entered.wait(30)
+    p.close()
+    p.close()
+    assert finished == [1] and p.in_source() is p._thread and p.life is Life.RETIRED
+    with pytest.raises(StopIteration):
+        p.get()
+    release.set()
+    assert wait_until(lambda: not p._thread.is_alive())
+    assert after == [] and finished == [1] and p.life is Life.FINISHED and p.in_source() is None
+
+
+def test_a_thread_outside_its_source_is_still_waited_for():
+    """Anywhere else (placing a batch, an exchange) the thread is torchshard's own: ``close()``
+    waits for it, so that nothing of torch's runs on after the close."""
+    outside, busy, release = Outside(), threading.Event(), threading.Event()
+
+    def produce(i):
+        busy.set()
+        release.wait(60)  # not through the outside: torchshard's own work
+        return outside.call(lambda: i)
+
+    p = Prefetcher(produce, depth=1, name="prefetch-busy", outside=outside)
+    assert busy.wait(30)
+    threading.Timer(0.3, release.set).start()
+    p.close()
+    assert release.is_set() and not p._thread.is_alive() and p.life is Life.FINISHED
+
+
+def test_an_outside_stopped_before_the_read_does_not_read():
+    outside, calls = Outside(), []
+    assert outside.call(lambda: calls.append(0) or "read") == "read"
+    assert outside.stop() is False  # not inside now
+    with pytest.raises(Retired):
+        outside.call(lambda: calls.append(1))
+    assert calls == [0] and outside.stopped and not outside.inside
+
+
+def test_an_outside_stopped_during_the_read_raises_on_the_way_out():
+    outside, entered, release, out = Outside(), threading.Event(), threading.Event(), []
+
+    def read():
+        try:
+            outside.call(lambda: entered.set() or release.wait(30) or "late")
+        except Retired as e:
+            out.append(e)
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert entered.wait(30)
+    assert outside.inside and outside.stop() is True
+    release.set()
+    t.join(30)
+    assert len(out) == 1 and not outside.inside
 
 
 # -- the run's life: one state, moved only along the table's edges ------------------------------
 
 
 def test_a_run_that_ends_by_itself_is_ended_then_finished_and_its_thread_parks():
-    from torchshard.data._loader.prefetch import Life
     from torchshard.data._loader.threads import parked_threads
 
     p = Prefetcher(counting(2), depth=2, name="prefetch-life")
@@ -225,8 +278,6 @@ def test_a_run_that_ends_by_itself_is_ended_then_finished_and_its_thread_parks()
 
 
 def test_a_run_closed_mid_way_is_retired_then_finished_and_its_thread_ends():
-    from torchshard.data._loader.prefetch import Life
-
     p = Prefetcher(lambda i: i, depth=1, name="prefetch-retire")
     assert p.get() == 0
     assert p.life is Life.RUNNING
@@ -237,7 +288,7 @@ def test_a_run_closed_mid_way_is_retired_then_finished_and_its_thread_ends():
 
 
 def test_the_life_moves_only_along_the_tables_edges():
-    from torchshard.data._loader.prefetch import TRANSITIONS, Life
+    from torchshard.data._loader.prefetch import TRANSITIONS
 
     release = threading.Event()
     p = Prefetcher(lambda i: release.wait(30) and i, depth=1, name="prefetch-edges")
@@ -267,8 +318,6 @@ def test_the_life_moves_only_along_the_tables_edges():
 
 @pytest.mark.parametrize("how", ["ended", "failed", "retired"])
 def test_on_finish_runs_on_the_thread_once_the_run_is_over_whichever_way(how):
-    from torchshard.data._loader.prefetch import Life
-
     ran = []
 
     def produce(i):

@@ -273,6 +273,67 @@ def test_pipelined_a_failure_of_the_next_batch_waits_for_its_own_turn(mesh8):
     assert info.value.__notes__[-1].startswith("(the other processes' outcomes differ: ")
 
 
+class _Interrupted:
+    """Batches 0 to ``at - 1``, then a ``KeyboardInterrupt`` raised by the source itself."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def __iter__(self):
+        for k in range(self.at):
+            yield {"x": np.full((8, 3), k, np.float32)}
+        raise KeyboardInterrupt
+
+
+def test_pipelined_a_keyboard_interrupt_in_the_source_comes_at_its_batch(mesh8):
+    """A ``KeyboardInterrupt`` raised by the source at batch 3 was raised while the producer
+    made batch 3 ahead, inside the call for batch 2: the consumer got it after 2 batches, and
+    batch 2 was lost. Now batch 2 comes, then the interrupt at batch 3; it is not exchanged
+    (an exchange could wait on the other processes: they learn of this process's end when it
+    closes its channel)."""
+    checks = FakeChecks()
+    producer = _pipelined([_Interrupted(3)], mesh=mesh8, checks=checks)
+    got = []
+    try:  # (a KeyboardInterrupt escaping a test would stop the whole session)
+        for k in range(4):
+            got.append(float(xla_shards(producer(k).batch["x"])[0][1][0, 0]))
+    except KeyboardInterrupt:
+        got.append("KeyboardInterrupt")
+    assert got == [0.0, 1.0, 2.0, "KeyboardInterrupt"]
+    assert ("begin", "GlobalBatchLoader: batch 3") not in checks.calls
+    assert checks.calls[-1] == ("end", "GlobalBatchLoader: batch 2")
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_keyboard_interrupt_in_the_source_reaches_the_consumer_at_its_batch(mesh8, prefetch):
+    """Through the loader (the producer's thread, or in place), in order, with its batch."""
+    loader = ts.GlobalBatchLoader(_Interrupted(3), prefetch=prefetch)
+    got, notes = [], []
+    try:  # (a KeyboardInterrupt escaping a test would stop the whole session)
+        for batch in loader:
+            got.append(int(ts.replicate_to_local_data(batch["x"])[0, 0]))
+    except KeyboardInterrupt as e:
+        got.append("KeyboardInterrupt")
+        notes = e.__notes__
+    assert got == [0, 1, 2, "KeyboardInterrupt"]
+    where = "raised in torchshard's thread 'torchshard-loader-" if prefetch else "raised by "
+    assert where in notes[-1] and notes[-1].endswith("at batch 3)")
+
+
+def test_a_keyboard_interrupt_in_one_process_s_source_reaches_it_at_its_batch(pools):
+    """On 2 gloo processes (the pipelined producer), rank 1's source raises
+    ``KeyboardInterrupt`` at batch 3: it reached rank 1 after 2 batches. Now rank 1 takes
+    batches 0 to 2 and gets it at batch 3; rank 0 raises at batch 3, naming rank 1's end."""
+    r0, r1 = pools(2).run("_loader_cases:source_interrupted", at=3)
+    assert r1["got"] == [0, 1, 2] and r1["error"] == "KeyboardInterrupt: ", r1
+    assert "at batch 3)" in r1["notes"][-1]
+    assert r0["got"] == [0, 1, 2], r0
+    assert r0["error"].startswith(
+        "CollectiveError: GlobalBatchLoader: batch 3: rank 1 ended this GlobalBatchLoader epoch"
+    ), r0
+    assert r0["after"] == r1["after"] == (2, 2)  # still in step
+
+
 def test_an_indivisible_batch_names_the_batch_index(mesh8):
     producer = _producer([[{"x": np.zeros(6)}]], mesh=mesh8, first=2)
     with pytest.raises(

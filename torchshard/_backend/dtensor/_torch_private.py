@@ -51,6 +51,19 @@ if TYPE_CHECKING:
 # 2.15.0: it exists with this signature; from torch 2.14 it is deprecated (a FutureWarning at
 # every call) for the public `torch.distributed.set_timeout(timeout, group)`, which is used
 # wherever torch has it (2.14.1 and 2.15.0 have it, 2.9.0 does not).
+# A deferred agreement check, waited for at the first use of a tensor (`deferred.py`):
+# `torch._C._distributed_c10d.PythonCallbackWork(callback)` (a `Work` whose `wait()` calls
+# `callback(timeout)` and raises what it raises, its type kept), `torch._C._distributed_c10d.
+# _register_work(tensor, work)` (the work the tensor's storage waits for, held until waited),
+# `torch.ops._c10d_functional.wait_tensor(tensor)` (pops and waits the tensor's work) and
+# `torch.distributed._functional_collectives.AsyncCollectiveTensor(tensor)` (a wrapper whose
+# first op that reads data waits first; view ops wait later), set as a DTensor's
+# `_local_tensor`. Checked on torch 2.13.0 and 2.14.1 (all present; an unwaited registration
+# is kept until process exit, where torch warns: every one is waited by its check's
+# judgement). torch 2.9.0 has no `PythonCallbackWork` (its future-made `Work` drops the
+# callback's error): `first_use_wait` returns False there and the check is judged in the call.
+import torch
+import torch._C._distributed_c10d as _c10d_c
 import torch.distributed as _dist
 from torch.distributed import distributed_c10d as _c10d
 from torch.distributed.tensor._utils import (
@@ -64,9 +77,12 @@ __all__ = [
     "context_parallel_shard",
     "document_load_balancer",
     "default_store",
+    "first_use_wait",
     "is_strided_shard",
     "local_shape_and_offset",
     "set_group_timeout",
+    "wait_at_first_use",
+    "waited",
 ]
 
 
@@ -161,3 +177,31 @@ def context_parallel_shard(
     except ImportError:
         return None
     return list(_context_parallel_shard(mesh, list(buffers), list(seq_dims), load_balancer))
+
+
+_CALLBACK_WORK = getattr(_c10d_c, "PythonCallbackWork", None)
+
+
+def first_use_wait() -> bool:
+    """Whether a tensor's first use can wait for a check (and raise its error): torch >= 2.13."""
+    return _CALLBACK_WORK is not None and hasattr(_c10d_c, "_register_work")
+
+
+def wait_at_first_use(x: Any, judge: Any) -> torch.Tensor:
+    """Makes the first op that reads DTensor ``x``'s data call ``judge()`` first (which may
+    raise: the op then raises it); returns ``x``'s local tensor (for ``waited``)."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    local = x._local_tensor
+    assert _CALLBACK_WORK is not None
+    _c10d_c._register_work(local, _CALLBACK_WORK(lambda _timeout: judge() or True))
+    x._local_tensor = AsyncCollectiveTensor(local)
+    return local
+
+
+def waited(x: Any, local: torch.Tensor) -> None:
+    """Undoes ``wait_at_first_use(x, judge)`` (which returned ``local``): drops the
+    registration (calling ``judge``, which must not raise by then; nothing when ``x``'s first
+    use already waited) and makes ``local`` ``x``'s local tensor again."""
+    torch.ops._c10d_functional.wait_tensor(local)
+    x._local_tensor = local

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from torchshard._backend.dtensor import collective, staging
+from torchshard._backend.dtensor import collective, deferred, staging
 from torchshard._backend.dtensor import device as devices
 from torchshard._backend.dtensor import mesh as meshes
 from torchshard._backend.dtensor._torch_private import StridedShard, is_strided_shard, local_offset
@@ -459,7 +459,8 @@ class DTensorChecks:
             return _nothing
         # The mesh is part of what the processes compare: meshes built with the axes in
         # another order (or over other ranks) place the same spec differently.
-        end = collective.begin(what, with_mesh(call.describe(), mesh))
+        # eager: its end may be deferred (agree_after), so its second round must not wait
+        end = collective.begin(what, with_mesh(call.describe(), mesh), eager=True)
 
         def agree_end() -> None:
             verdict = in_step(what, end())
@@ -467,6 +468,19 @@ class DTensorChecks:
                 raise disagreement(what, verdict.groups, call.path)
 
         return agree_end
+
+    def agree_after(
+        self, mesh: Mesh, end: Callable[[], None], call: AgreementCall, out: Any, *, what: str
+    ) -> Any:
+        if end is _nothing:
+            return out
+        if not deferred.deferring(dist.get_world_size()):
+            end()
+            return out
+        return deferred.defer(end, out, call.leaves[0], what)
+
+    def settle(self, mesh: Mesh, where: str) -> None:
+        deferred.settle(where)
 
     def check_values(
         self, mesh: Mesh, tree: Any, *, argname: str, what: str, force: bool = False

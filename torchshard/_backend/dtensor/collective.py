@@ -180,17 +180,35 @@ def _switched(name: str, value: Any) -> None:
 on_switch(_switched)
 
 
+def existing(*, destroyed: bool = False) -> Session | None:
+    """The current default group's session if one was made (never makes one: a process that
+    made no torchshard collective has nothing to judge). ``destroyed``: also the last group's
+    after ``destroy_process_group`` (its tree is torchshard's own: still up)."""
+    s, g = _CURRENT.session, _CURRENT.group
+    if s is None or g is None:
+        return None
+    world = dist.GroupMember.WORLD
+    alive = world is not None and g() is world
+    return s if alive or (destroyed and world is None) else None
+
+
 def begin(
-    what: str, items: Sequence[str], channel: str | None = None, counts: Sequence[int] = ()
+    what: str,
+    items: Sequence[str],
+    channel: str | None = None,
+    counts: Sequence[int] = (),
+    *,
+    eager: bool = False,
 ) -> Callable[[], Verdict]:
     """The exchange of ``[what, *items]`` (and ``counts``) in two halves, so that work that runs
     no collective (DTensor's ``from_local``) overlaps the wait for the other processes:
-    ``begin`` returns the end, the ``Verdict``."""
+    ``begin`` returns the end, the ``Verdict``. ``eager``: ``Session.begin``'s (the end may
+    come late)."""
     s = session()
     if s is None:
         mine = [what, *items]
         return lambda: Verdict.alone(mine, counts)
-    return s.begin(what, items, channel, counts)
+    return s.begin(what, items, channel, counts, eager=eager)
 
 
 def exchange(

@@ -114,6 +114,9 @@ class _Op:
     done: _Done = dataclasses.field(default_factory=_Done)
     stream: str = ""  # the caller's stream (switch announcements are compared on it)
     sent: bool = False
+    # Called with the result before the waiter wakes, on the thread that delivers it (the I/O
+    # thread, or the caller's at the root): a deferred check's second round starts there.
+    then: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclasses.dataclass
@@ -219,9 +222,18 @@ class Node:
         survey. Local: no message."""
         self._positions[channel] = (call, what)
 
-    def begin(self, key: Key, value: dict[str, Any], *, stream: str = "") -> _Pending:
+    def begin(
+        self,
+        key: Key,
+        value: dict[str, Any],
+        *,
+        stream: str = "",
+        then: Callable[[dict[str, Any]], None] | None = None,
+    ) -> _Pending:
         """Contributes this process's ``value`` to the exchange ``key`` and returns its
-        pending result. Sends at most one message (up, or the result down at the root)."""
+        pending result. Sends at most one message (up, or the result down at the root).
+        ``then(result)``: called once the result is in, before any waiter wakes (it must not
+        raise or wait)."""
         with self.lock:
             self._check(key, stream)
             op = self._ops.get(key)
@@ -229,6 +241,7 @@ class Node:
                 op = self._ops[key] = _Op(key)
             op.own = value
             op.stream = stream
+            op.then = then
             sends = self._progress(op)
         self._send_all(sends)
         return _Pending(self, op)
@@ -400,6 +413,8 @@ class Node:
         frames: dict[int, bytes] = {}  # a message sent to several children is encoded once
         for peer, message in sends:
             if peer == -1:
+                if message.then is not None and message.result is not None:
+                    message.then(message.result)
                 message.done.set()
                 continue
             conn = self._conns.get(peer)

@@ -76,6 +76,7 @@ class Session:
         self.shape = TreeShape(rank, world, fanout, local_size)
         self.seq: dict[str, int] = {}  # per stream or channel: calls entered
         self.active: dict[str, int] = {}  # stream -> the thread with an exchange outstanding
+        self.deferred: dict[str, Callable[[str], None]] = {}  # stream -> its check, not judged
         self.lock = threading.Lock()
 
         def lookup(r: int, timeout: float) -> str:
@@ -116,10 +117,45 @@ class Session:
         """Numbers this process's next call on ``channel`` (default: the caller's stream) and
         records it (what a survey answers)."""
         channel = self.stream(channel)
+        if self.deferred:
+            self.settle(channel, f"at the next torchshard call on its stream ({what})")
         with self.lock:
             n = self.seq[channel] = self.seq.get(channel, 0) + 1
         self.node.record(channel, n, what)
         return channel, n
+
+    def calls(self, channel: str | None = None) -> int:
+        """The number of the last call entered on ``channel`` (default: the caller's stream)."""
+        with self.lock:
+            return self.seq.get(self.stream(channel), 0)
+
+    def defer(self, channel: str, judge: Callable[[str], None]) -> None:
+        """Keeps ``judge`` (a call's deferred check, begun on ``channel``) until the next call
+        on ``channel`` enters, or ``settle``: it is then called with where it is judged
+        (``"at ..."``, for its error) and raises what the check found. At most one per
+        channel: a new one settles the last first."""
+        self.settle(channel, "at the next torchshard call on its stream")
+        with self.lock:
+            self.deferred[channel] = judge
+
+    def settle(self, channel: str | None, where: str) -> None:
+        """Judges the deferred check of ``channel`` (every channel's: ``None``) now, raising
+        what it found (the first error; every check is judged)."""
+        with self.lock:
+            if channel is None:
+                judges = list(self.deferred.values())
+                self.deferred.clear()
+            else:
+                judge = self.deferred.pop(channel, None)
+                judges = [] if judge is None else [judge]
+        first: BaseException | None = None
+        for judge in judges:
+            try:
+                judge(where)
+            except BaseException as e:  # noqa: BLE001 -- the first is raised, all are judged
+                first = first or e
+        if first is not None:
+            raise first
 
     def switched(self, name: str, value: Any) -> None:
         """This process changed a check (``set_agreement_check``...): every process hears of
@@ -140,11 +176,19 @@ class Session:
         items: Sequence[str],
         channel: str | None = None,
         counts: Sequence[int] = (),
+        *,
+        eager: bool = False,
     ) -> Callable[[], Verdict]:
         """Starts the exchange of ``[what, *items]`` and ``counts`` (at most one message, no
         waiting) and returns its end, the ``Verdict``. The end must be called on every process,
-        on the thread that began it, also when the caller's own work in between failed."""
+        on the thread that began it, also when the caller's own work in between failed.
+        ``eager``: the end may come late (a deferred check, judged at the result's first use),
+        so the second round (the descriptions, when the digests differ) starts as soon as the
+        first round's result is in, not at the end: a process that is elsewhere (in a
+        collective of the step) never keeps the others waiting for its descriptions."""
         channel = self.stream(channel)
+        if self.deferred:  # the last call's check first: it holds the stream until judged
+            self.settle(channel, f"at the next torchshard call on its stream ({what})")
         me = threading.get_ident()
         with self.lock:  # refused before it takes a call number: the others never see it
             other = self.active.get(channel)
@@ -155,9 +199,20 @@ class Session:
         mine = (what, *items)
         code = str(digest(list(mine)))
         value = merge.agree_value(what, code, [int(c) for c in counts], self.rank)
+        second: list[Any] = []  # eager: round 2's pending (or its error), begun early
+
+        def then(result: dict[str, Any]) -> None:  # on the thread that delivers round 1
+            if len(result["g"]) > 1 and result["K"] != "mixed":
+                try:
+                    second.append(self._round_two(channel, n, what, mine))
+                except Exception as e:  # noqa: BLE001 -- the end raises it, never this thread
+                    second.append(e)
+
         try:
             self._check_join(what, channel, n)
-            pending = self.node.begin((channel, n, 0), value, stream=channel)
+            pending = self.node.begin(
+                (channel, n, 0), value, stream=channel, then=then if eager else None
+            )
         except TreeError as e:
             self._release(channel, me)
             raise self._error(e, channel, n, what) from None
@@ -169,7 +224,7 @@ class Session:
             try:
                 result = pending.wait(self.timeout)
                 if len(result["g"]) > 1 or result["K"] == "mixed":
-                    result = self._items(channel, n, what, mine, result)
+                    result = self._items(channel, n, what, mine, result, *second)
             except TreeError as e:
                 raise self._error(e, channel, n, what) from None
             finally:
@@ -178,15 +233,27 @@ class Session:
 
         return end
 
+    def _round_two(self, channel: str, n: int, what: str, mine: tuple[str, ...]) -> Any:
+        value = merge.items_value(what, str(digest(list(mine))), list(mine), self.rank)
+        return self.node.begin((channel, n, 1), value, stream=channel)
+
     def _items(
-        self, channel: str, n: int, what: str, mine: tuple[str, ...], first: dict[str, Any]
+        self,
+        channel: str,
+        n: int,
+        what: str,
+        mine: tuple[str, ...],
+        first: dict[str, Any],
+        begun: Any = None,
     ) -> dict[str, Any]:
-        """The second round: the descriptions of the distinct digests (for the error)."""
+        """The second round: the descriptions of the distinct digests (for the error);
+        ``begun``: its pending (or the error that stopped it) when already begun."""
         if first["K"] == "mixed":  # processes in different calls: their names are the items
             return {"K": "items", "g": [[g[0], g[1], g[2], [g[0]]] for g in first["g"]]}
-        value = merge.items_value(what, str(digest(list(mine))), list(mine), self.rank)
-        result = self.node.begin((channel, n, 1), value, stream=channel).wait(self.timeout)
-        result = dict(result)
+        if isinstance(begun, Exception):
+            raise begun
+        pending = begun if begun is not None else self._round_two(channel, n, what, mine)
+        result = dict(pending.wait(self.timeout))
         result.update({k: first[k] for k in ("s", "lo", "hi")})
         return result
 
@@ -371,7 +438,11 @@ class Session:
             raise
 
     def close(self) -> None:
-        self.node.close()
+        """Closes the tree, once the deferred checks are judged (raising the first error)."""
+        try:
+            self.settle(None, "when a new default process group replaced its own")
+        finally:
+            self.node.close()
 
 
 def ended(what: str, rank: int, taken: int) -> CollectiveError:

@@ -31,6 +31,19 @@ from torchshard.data._loader.stats import Counters
 from torchshard.data._sampler import HostSampler
 
 
+def uncopyable(how: str, what: str) -> str:
+    """The error of ``how`` (``copy.deepcopy``, ...) applied to ``what`` (the loader or one of
+    its epochs): neither a thread nor a source's iterator (DataLoader workers) can be copied,
+    and a copy sharing them would share or lose the position in the source."""
+    return (
+        f"{how} of {what} is not supported: it holds the source's iterator (DataLoader "
+        "workers), a thread and locks, which a copy would share or lose, and with them the "
+        "position in the source. To clone the position, take loader.state_dict() and load it "
+        "into a new GlobalBatchLoader over a new source (load_state_dict()); for a second "
+        "stream over the same data, make a second GlobalBatchLoader."
+    )
+
+
 class Maker(Protocol):
     """Where an epoch's batches are made: a ``Prefetcher`` or ``InPlace``."""
 
@@ -67,8 +80,9 @@ def _loader_thread(mesh: Mesh, backend: Backend) -> Iterator[None]:
 
 
 def _maker(plan: EpochPlan, producer: Producer, exchanges: Exchanges | None) -> Maker:
-    """The plan's maker of ``producer``'s batches: a thread ``prefetch`` batches ahead, or each
-    batch made inside ``next()``; either closes ``exchanges`` when it makes no more."""
+    """The plan's maker of ``producer``'s batches: a thread ``prefetch`` batches ahead (which
+    nobody waits for while it is inside the source: the producer's ``outside``), or each batch
+    made inside ``next()``; either closes ``exchanges`` when it makes no more."""
     on_finish = exchanges.close if exchanges is not None else None
     first = plan.first
     if plan.background:
@@ -82,6 +96,7 @@ def _maker(plan: EpochPlan, producer: Producer, exchanges: Exchanges | None) -> 
             budget=plan.prefetch_bytes,
             size=lambda made: made.nbytes if isinstance(made, Made) else 0,
             on_finish=on_finish,
+            outside=producer.outside,
         )
     return InPlace(
         producer,
@@ -118,6 +133,7 @@ class Epoch(Iterator[Any]):
         self._cursor = cursor
         self._exchanges = exchanges
         self._tally = producer.tally
+        self._readers = producer.readers  # one-pass sources: the consumer marks what it took
         self._samplers = samplers or []
         self._yielded = 0  # real examples of this process's sources yielded in this epoch
         self._next = plan.first
@@ -135,6 +151,15 @@ class Epoch(Iterator[Any]):
     def __iter__(self) -> Epoch:
         return self
 
+    def __copy__(self) -> Epoch:
+        raise TypeError(uncopyable("copy.copy", "an iterator of a GlobalBatchLoader"))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Epoch:
+        raise TypeError(uncopyable("copy.deepcopy", "an iterator of a GlobalBatchLoader"))
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise TypeError(uncopyable("pickle.dumps", "an iterator of a GlobalBatchLoader"))
+
     def __next__(self) -> Any:
         if self._closed:
             if self._closed_by is not None:
@@ -151,13 +176,18 @@ class Epoch(Iterator[Any]):
         try:
             made = self._maker.get()
         except StopIteration as end:
-            ended = end.value if isinstance(end.value, EndOfData) else EndOfData(None)
             self.close()
-            self._stop(ended.snapshot)
+            if isinstance(end.value, EndOfData):  # the end of the epoch (else: closed meanwhile)
+                self._stop(end.value.snapshot)
             raise StopIteration from None
-        except BaseException:
+        except Exception:
             self.close()
             raise
+        except BaseException:  # Ctrl-C in the wait: the thread is not waited for
+            self.close(timeout=0)
+            raise
+        for reader, position in zip(self._readers, made.reads, strict=True):
+            reader.taken(position)
         settled = made.settled  # (stop, real rows over the processes), agreed by the producer
         if settled is not None and settled[0]:  # every process stops here (drop or pad)
             self.close()
@@ -213,6 +243,8 @@ class Epoch(Iterator[Any]):
             dropped = self._tally.read - self._yielded
             if dropped:
                 self._counters.add(dropped_examples=dropped)
+        for reader in self._readers:  # what was read and not yielded was dropped by the policy
+            reader.taken(reader.position)
         for sampler in self._samplers:
             sampler.resume(sampler.epoch, 0)
         self._cursor.end(snapshot)

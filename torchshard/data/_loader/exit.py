@@ -11,7 +11,12 @@ torch.distributed's stores), ``at_exit``:
    at its next check, runs its ``on_finish``, which closes the epoch's exchanges, and exits);
 2. closes the thread pool (``threads.close_pool``: the parked threads end, none parks again);
 3. joins every thread still running, for at most ``EXIT_SECONDS`` in all, and names in a
-   warning the ones still running after that (blocked inside a source).
+   warning the ones still running after that (placing a batch, or in an exchange).
+
+A thread inside its source (``Prefetcher.in_source``: a slow dataset, stuck DataLoader
+workers) is not waited for: retired, it can only leave the source by raising, without running
+torch's code again, so it is safe to finalize under it; waiting for it held Ctrl-C's exit up by
+``EXIT_SECONDS`` (the plain ``DataLoader`` loop exits at once).
 
 The hook is registered with ``threading`` (its exit hooks run before ``atexit``'s and before
 non-daemon threads are joined). A forked child forgets the parent's prefetchers, as the pool
@@ -39,6 +44,8 @@ class Retirable(Protocol):
 
     def close(self, *, wait: bool = True, timeout: float | None = None) -> None: ...
 
+    def in_source(self) -> threading.Thread | None: ...
+
 
 _LIVE: weakref.WeakSet[Retirable] = weakref.WeakSet()
 
@@ -49,10 +56,13 @@ def track(prefetcher: Retirable) -> None:
     _LIVE.add(prefetcher)
 
 
-def shutdown(timeout: float) -> list[threading.Thread]:
+def shutdown(
+    timeout: float, skip: frozenset[threading.Thread] = frozenset()
+) -> list[threading.Thread]:
     """Closes the thread pool and waits at most ``timeout`` seconds in all for every thread to
-    end (their runs must have been retired); returns the threads still running."""
-    running = threads.close_pool()
+    end (their runs must have been retired), but for those in ``skip`` (inside their source);
+    returns the threads still running, ``skip``'s apart."""
+    running = [t for t in threads.close_pool() if t not in skip]
     end = time.monotonic() + timeout
     current = threading.current_thread()
     for thread in running:
@@ -62,14 +72,18 @@ def shutdown(timeout: float) -> list[threading.Thread]:
 
 
 def at_exit() -> None:
-    """Retires every live run and joins the threads (bounded): none runs into finalization."""
-    for prefetcher in list(_LIVE):
+    """Retires every live run and joins the threads (bounded), but those inside their source:
+    none runs torch's code into finalization."""
+    live = list(_LIVE)
+    for prefetcher in live:
         prefetcher.close(wait=False)
-    left = shutdown(EXIT_SECONDS)
+    in_source = frozenset(t for p in live if (t := p.in_source()) is not None)
+    left = shutdown(EXIT_SECONDS, skip=in_source)
     if left:
         _log.warning(
-            "at exit, torchshard's threads %s did not stop within %g s (blocked inside a "
-            "source?); the interpreter may abort if one is inside torch when it finalizes.",
+            "at exit, torchshard's threads %s did not stop within %g s (busy outside their "
+            "source: placing a batch, or in an exchange with the other processes); the "
+            "interpreter may abort if one is inside torch when it finalizes.",
             [t.name for t in left],
             EXIT_SECONDS,
         )

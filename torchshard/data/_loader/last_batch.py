@@ -34,7 +34,7 @@ from torchshard._core.partition import DEFAULT_PARTITION
 from torchshard._core.ranks import RankSet
 from torchshard._core.spec import PartitionSpec
 from torchshard._core.tree import flatten, paths, unflatten
-from torchshard._core.verdict import Group, Verdict
+from torchshard._core.verdict import Group, Verdict, processes_text
 from torchshard.data._loader.batch_check import leaf_specs
 
 LeafPath = tuple[Any, ...]
@@ -326,7 +326,7 @@ def settle(
         if w is not None:
             wholes[w] = wholes[w] | g.ranks if w in wholes else g.ranks
     if len(wholes) > 1:
-        seen = ", ".join(f"{w[len(_WHOLE) :]} on process(es) [{r}]" for w, r in wholes.items())
+        seen = "; ".join(f"{w[len(_WHOLE) :]} on {processes_text(r)}" for w, r in wholes.items())
         raise ProcessDisagreementError(
             at(
                 what,

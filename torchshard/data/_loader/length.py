@@ -29,6 +29,7 @@ from torchshard._core.errors import ShardingError
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import feed_partition
 from torchshard._core.tree import flatten
+from torchshard._core.verdict import processes_text
 from torchshard.data._loader.last_batch import LeafPath, batch_leaf, full_rows, specs_of
 
 WHAT = "GlobalBatchLoader: len()"
@@ -165,10 +166,7 @@ def exchange(
     if verdict is None or verdict.agreed:  # every process has the same counts
         return [list(counts)], ["every process"]
     every = [[Count.parse(item) for item in g.items] for g in verdict.groups]
-    names = [
-        f"process {g.ranks}" if len(g.ranks) == 1 else f"processes {g.ranks}"
-        for g in verdict.groups
-    ]
+    names = [processes_text(g.ranks) for g in verdict.groups]
     return every, names
 
 

@@ -34,12 +34,13 @@ from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
 from torchshard.data._loader import checkpoint, length
 from torchshard.data._loader.cursor import Cursor
-from torchshard.data._loader.epoch import Closer, Epoch
+from torchshard.data._loader.epoch import Closer, Epoch, uncopyable
 from torchshard.data._loader.exchanges import Exchanges
 from torchshard.data._loader.last_batch import LeafPath, check_policy, leaf_path
 from torchshard.data._loader.local import LocalEpoch
 from torchshard.data._loader.plan import plan_epoch
 from torchshard.data._loader.producer import producer_for
+from torchshard.data._loader.replay import Replay, one_pass
 from torchshard.data._loader.source import forward_set_epoch, source_attribute
 from torchshard.data._loader.stats import Counters, LoaderStats
 from torchshard.data._packer import refuse_packed_context_parallel
@@ -55,7 +56,10 @@ class GlobalBatchLoader(Iterable[Any]):
 
     Args:
         loader: any iterable of host batches: a ``DataLoader`` (with worker processes),
-            torchdata's ``StatefulDataLoader``, a list, a generator (one epoch only).
+            torchdata's ``StatefulDataLoader``, a list, a generator. A one-pass source (its
+            own iterator: a generator) is read once over all epochs: each ``iter()`` goes on
+            where the consumer left off, with the batches read ahead and not taken (after a
+            ``break``, ``close()``, an error) first.
         partition: as for ``host_to_global_array``; a ``DataPartitionType`` is accepted here
             without a deprecation warning (it is converted to a spec once per epoch). Default:
             ``FULL``, or the dispatcher's ``partition_spec`` when a dispatcher is given.
@@ -241,14 +245,17 @@ class GlobalBatchLoader(Iterable[Any]):
         self._resume_consumed = 0
         self._last_mesh: MeshValue | None = None
         self._epoch_set: int | None = None  # the last set_epoch(); a sampler's epoch wins
+        # One-pass sources (generators): what was read ahead and not taken, for the next epoch.
+        self._replays: list[Replay | None] = [None] * len(sources)
+
+    def __copy__(self) -> GlobalBatchLoader:
+        raise TypeError(uncopyable("copy.copy", "a GlobalBatchLoader"))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GlobalBatchLoader:
-        raise TypeError(
-            "GlobalBatchLoader cannot be deep-copied: it holds its source's iterator, a thread "
-            "and locks (a copy mid-epoch would share or lose the source's position). To save "
-            "or clone the position, copy loader.state_dict() and load it into a new "
-            "GlobalBatchLoader over a new source with load_state_dict()."
-        )
+        raise TypeError(uncopyable("copy.deepcopy", "a GlobalBatchLoader"))
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise TypeError(uncopyable("pickle.dumps", "a GlobalBatchLoader"))
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -288,12 +295,19 @@ class GlobalBatchLoader(Iterable[Any]):
         if plan.channel is not None and checks is not None:
             exchanges = Exchanges(checks, mesh, plan.channel)
         topology = current_topology(mesh)
-        its = []
+        its: list[Any] = []
         with thread_mesh(mesh):  # DataLoader workers start here, in this thread
             for h, s in enumerate(self._sources):
                 record_for_workers(mesh, topology, process_index=topology.data_hosts[h])
                 with workers_recorded(s):  # forkserver workers: the record, not the server's
-                    its.append(iter(s))
+                    it = iter(s)
+                if one_pass(s, it):  # read on from the first batch no consumer took
+                    replay = self._replays[h]
+                    if replay is None:
+                        replay = self._replays[h] = Replay(it)
+                    its.append(replay)
+                else:
+                    its.append(it)
         consumed = self._resume_consumed if self._resume_at is not None else None
         self._resume_at, self._resume_consumed = None, 0
         if consumed is None:
@@ -340,15 +354,17 @@ class GlobalBatchLoader(Iterable[Any]):
         self._closer = None
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Stops the current epoch's thread and frees its queued batches (idempotent); after a
-        ``break`` out of the epoch, waits for its thread to leave the source.
+        """Stops the current epoch's thread and frees its queued batches (idempotent; also
+        after a ``break`` out of the epoch). A one-pass source's batches read ahead are kept
+        for the next ``iter()``.
 
-        A thread blocked inside the source (a slow dataset, a stuck worker) cannot be
-        stopped: ``close`` waits for it at most ``timeout`` seconds (``None``: 10 s), then logs
-        a warning and returns; the daemon thread exits when the source returns and does not
-        hold up the interpreter's exit. ``timeout=0`` does not wait (as after Ctrl-C: leaving
-        a ``with GlobalBatchLoader(...)`` block by ``KeyboardInterrupt`` or ``SystemExit``
-        closes it so)."""
+        The thread is waited for while it places a batch or exchanges one with the other
+        processes, at most ``timeout`` seconds (``None``: 10 s), then a warning is logged.
+        A thread inside the source (a slow dataset, stuck DataLoader workers) is not waited
+        for: ``close`` returns at once and the daemon thread ends when the source returns,
+        making nothing more; it does not hold up the interpreter's exit. ``timeout=0`` does
+        not wait at all (as after Ctrl-C: leaving a ``with GlobalBatchLoader(...)`` block by
+        ``KeyboardInterrupt`` or ``SystemExit`` closes it so)."""
         self._close_epoch(timeout=timeout)
 
     def __enter__(self) -> GlobalBatchLoader:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchshard._step.local_views import to_local
-from torchshard.data._loader.epoch import Epoch
+from torchshard.data._loader.epoch import Epoch, uncopyable
 
 
 class LocalEpoch(Iterator[Any]):
@@ -22,6 +22,15 @@ class LocalEpoch(Iterator[Any]):
 
     def __iter__(self) -> LocalEpoch:
         return self
+
+    def __copy__(self) -> LocalEpoch:
+        raise TypeError(uncopyable("copy.copy", "an iterator of a GlobalBatchLoader"))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> LocalEpoch:
+        raise TypeError(uncopyable("copy.deepcopy", "an iterator of a GlobalBatchLoader"))
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        raise TypeError(uncopyable("pickle.dumps", "an iterator of a GlobalBatchLoader"))
 
     def __next__(self) -> Any:
         return to_local(next(self._epoch))

@@ -20,6 +20,15 @@ torchdata.nodes' ``_SingleThreadedMapper``:
 - The thread comes from the pool (``threads.py``), and the prefetcher is tracked for process
   exit (``exit.py``). It holds no reference to the consumer-facing object, so an abandoned
   iterator is garbage collected and its finaliser closes the prefetcher.
+- **Nobody waits for a thread inside its source.** ``produce`` reads its source through an
+  ``Outside`` (``Outside.call``), which knows when the thread is in there: a slow dataset or
+  stuck DataLoader workers may keep it there for ever, and there is nothing of torchshard's to
+  finish. ``close()`` retires such a run and returns at once (Ctrl-C waited 10 s per epoch
+  for it, and ``close()`` after catching it 10 s more); the thread leaves the source by
+  raising ``Retired``, so it makes nothing more (no device copy, no exchange: a daemon thread
+  inside torch's C++ when the interpreter finalizes aborts the process), and ``on_finish``
+  runs at the close instead. A thread anywhere else (placing a batch, in an exchange) is
+  waited for, at most ``timeout``.
 
 **The run's life** is one state (``Life``), changed only under the prefetcher's condition and
 only along these edges:
@@ -34,13 +43,14 @@ RUNNING   RETIRED   ``close()`` came first (mid-epoch, an abandoned iterator's  
 ENDED     FINISHED  the job returned (``on_finish`` ran); the thread parks for the  the thread
                     next epoch
 RETIRED   FINISHED  the job returned (``on_finish`` ran); the thread ends, and      the thread
-                    ``close()`` joins it
+                    ``close()`` joins it (unless it is inside its source)
 ========  ========  ==============================================================  ==========
 
 ``close()`` of an ended run changes nothing (the thread parks, as it would have), and
-``close()`` is idempotent. ``on_finish`` (the epoch's exchanges closed, ``epoch.py``) runs on the
-thread once its run is over, whichever way it ended, so that the processes still waiting in an
-exchange learn of it as soon as this process makes no more batches.
+``close()`` is idempotent. ``on_finish`` (the epoch's exchanges closed, ``epoch.py``) runs once,
+on the thread once its run is over, whichever way it ended, or at ``close()`` when the thread is
+left inside its source: the processes still waiting in an exchange learn of it as soon as this
+process makes no more batches.
 """
 
 from __future__ import annotations
@@ -107,6 +117,61 @@ class _Failure:
         self.where = where
 
 
+class Retired(BaseException):
+    """Raised on a run's thread as it comes back from its source (``Outside.call``) once the
+    run was retired: the thread makes nothing more and ends. A ``BaseException``, so that no
+    ``except Exception`` on the way (the producer's failure exchange) takes it for a failure."""
+
+
+class Outside:
+    """Where a run's thread is inside its source, outside torchshard (one per run).
+
+    ``produce`` calls its source through ``call``; ``close()`` (``stop``) learns whether the
+    thread is in there now, under one lock, so that either the closer sees the thread inside
+    (and need not wait: the thread will raise ``Retired`` on its way out) or the thread sees
+    the run stopped before it goes in, or when it comes out."""
+
+    __slots__ = ("_inside", "_lock", "_stopped")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = False
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the run was retired (a source that waits itself polls it)."""
+        return self._stopped
+
+    @property
+    def inside(self) -> bool:
+        """Whether the thread is inside its source now."""
+        return self._inside
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a read of the source), marked as outside torchshard; raises
+        ``Retired`` instead when the run is retired before or meanwhile."""
+        with self._lock:
+            if self._stopped:
+                raise Retired
+            self._inside = True
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._inside = False
+                stopped = self._stopped
+            if stopped:
+                raise Retired  # (the source's own exception, if any, is its context)
+
+    def stop(self) -> bool:
+        """Marks the run retired; returns whether the thread is inside its source now (it
+        then ends on its way out, whenever the source returns)."""
+        with self._lock:
+            self._stopped = True
+            return self._inside
+
+
 def _closed(i: int) -> Any:
     raise StopIteration
 
@@ -129,8 +194,11 @@ class Prefetcher(Generic[T]):
         where: formats the index for error notes (default ``"item 7"``).
         budget: the most bytes in flight (``None``: no bound but ``depth``); ``size(item)``
             gives an item's bytes.
-        on_finish: called on the thread once the run is over (ended or retired), before it
-            counts as finished; its errors are logged, not raised.
+        on_finish: called once the run is over (ended or retired), before it counts as
+            finished: on the thread, or by ``close()`` when it leaves the thread inside its
+            source; its errors are logged, not raised.
+        outside: where ``produce`` marks its reads of the source (``Outside.call``); by
+            default none is marked, and ``close()`` waits for the thread wherever it is.
 
     Example:
         >>> def squares(i):
@@ -154,12 +222,15 @@ class Prefetcher(Generic[T]):
         budget: int | None = None,
         size: Callable[[Any], int] = lambda item: 0,
         on_finish: Callable[[], None] | None = None,
+        outside: Outside | None = None,
     ) -> None:
         depth = positive_int(depth, "depth")
         self._produce = produce
         self._context = context
         self._where = where
         self._on_finish = on_finish or _nothing
+        self._finished = False  # on_finish ran (or runs): once, on the thread or at close()
+        self._outside = outside if outside is not None else Outside()
         self._budget = budget
         self._size = size
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -194,14 +265,23 @@ class Prefetcher(Generic[T]):
         try:
             self._run()
         finally:
-            try:
-                self._on_finish()
-            except Exception:  # noqa: BLE001 - the thread's end must not fail
-                _log.exception("torchshard's thread %r: closing its epoch failed", self.name)
+            self._finish()
             with self._cond:
                 park = self._life is Life.ENDED
                 self._move(Life.FINISHED)
         return park
+
+    def _finish(self) -> None:
+        """Runs ``on_finish`` once (the thread at the run's end, or ``close()`` for a thread
+        it leaves inside the source)."""
+        with self._cond:
+            if self._finished:
+                return
+            self._finished = True
+        try:
+            self._on_finish()
+        except Exception:  # noqa: BLE001 - the run's end must not fail
+            _log.exception("torchshard's thread %r: closing its epoch failed", self.name)
 
     def _run(self) -> None:
         try:
@@ -231,6 +311,8 @@ class Prefetcher(Generic[T]):
                 item = self._produce(i)
             except StopIteration as end:
                 self._end(_EndOfItems(end.value))
+                return
+            except Retired:  # came back from the source after close(): nothing more
                 return
             except BaseException as e:  # noqa: BLE001 - thread boundary: travels in order
                 self._end(_Failure(e, self._where(i)))
@@ -297,11 +379,12 @@ class Prefetcher(Generic[T]):
 
     def close(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Closes the run (idempotent): a running one is retired; queued items are dropped; and
-        the thread is waited for, at most ``timeout`` seconds (``None``: ``JOIN_SECONDS``).
-        ``wait=False`` or ``timeout <= 0`` (an abandoned iterator's finaliser, which may run at
-        interpreter exit after Ctrl-C; ``close(timeout=0)``) does not wait for a thread blocked
-        inside the source: it ends when the source returns, and a daemon thread does not hold
-        up the exit."""
+        the thread is waited for, at most ``timeout`` seconds (``None``: ``JOIN_SECONDS``),
+        unless it is inside its source (``Outside``): it is left there, to end when the source
+        returns, making nothing more, and ``on_finish`` runs now. ``wait=False`` or ``timeout
+        <= 0`` (an abandoned iterator's finaliser, Ctrl-C, process exit) does not wait at all:
+        a retired thread stops at its next check, and a daemon thread does not hold up the
+        exit."""
         if timeout is None:
             timeout = JOIN_SECONDS
         elif timeout <= 0:
@@ -309,11 +392,14 @@ class Prefetcher(Generic[T]):
         self._closed = True
         with self._cond:
             self._move(Life.RETIRED)
-            join = self._life is Life.RETIRED  # its thread ends (an ended run's parks)
+            retired = self._life is Life.RETIRED  # its thread ends (an ended run's parks)
         self._drain()
+        if retired and self._outside.stop():  # inside its source: nothing to wait for
+            self._finish()
+            return
         if not wait or self._thread is threading.current_thread():
             return
-        if join:
+        if retired:
             self._thread.join(timeout=timeout)
             stopped = not self._thread.is_alive()
         else:
@@ -322,12 +408,19 @@ class Prefetcher(Generic[T]):
             self._produce = _closed  # frees what produce holds (e.g. source iterators)
         else:
             _log.warning(
-                "thread %r did not stop within %g s: it is blocked inside the source; it "
-                "exits when the source returns.",
+                "thread %r did not stop within %g s (busy outside its source: placing a batch, or "
+                "in an exchange with the other processes); it stops at its next check.",
                 self.name,
                 timeout,
             )
         self._drain()
+
+    def in_source(self) -> threading.Thread | None:
+        """The thread of a retired run that is inside its source now (it ends on its way out
+        and makes nothing more: nobody need wait for it), else ``None``."""
+        if self._life is Life.RETIRED and self._outside.inside:
+            return self._thread
+        return None
 
     def _drain(self) -> None:
         while True:
@@ -375,7 +468,7 @@ class InPlace(Generic[T]):
                 item = produce(self._i)
             except StopIteration:
                 raise
-            except Exception as e:
+            except BaseException as e:  # KeyboardInterrupt too: it names its batch
                 if not getattr(e, LOCATED, False):
                     e.add_note(self._note(self._i))
                 raise

@@ -21,6 +21,14 @@ slowest process's making of that batch, so each process's thread runs at the pac
 one batch by batch, which a deeper prefetch does not absorb. One batch later the others have
 almost always begun ``n``, and the wait is gone. The batch made ahead is one more than
 ``prefetch`` in flight (figures: docs/design.md).
+
+Every read of a source goes through the run's ``Outside`` (``prefetch.py``), so that closing the
+run never waits for a thread inside its source; a one-pass source comes as its ``Replay``
+(``replay.py``), read through a ``Reader`` whose position after each batch travels with it
+(``Made.reads``). A ``KeyboardInterrupt`` or ``SystemExit`` raised while making batch ``n``
+(a source's) is not exchanged, which could wait on the other processes: it reaches the consumer
+at batch ``n``, after every batch before it, and the others learn at their next exchange that
+this process ended (the channel's close).
 """
 
 from __future__ import annotations
@@ -68,7 +76,12 @@ from torchshard.data._loader.last_batch import (
     status_items,
 )
 from torchshard.data._loader.plan import EpochPlan
-from torchshard.data._loader.prefetch import LOCATED  # the agreement's errors name their batch
+from torchshard.data._loader.prefetch import (  # LOCATED: the agreement's errors name their batch
+    LOCATED,
+    Outside,
+    Retired,
+)
+from torchshard.data._loader.replay import Reader, Replay
 from torchshard.data._loader.stats import Counters
 
 __all__ = ["EndOfData", "Made", "PipelinedProducer", "Producer", "Tally", "producer_for"]
@@ -89,6 +102,9 @@ class Made:
     settled: tuple[bool, int] | None = None
     """``last_batch="drop"``/``"pad"`` on several processes: ``(stop, real rows per process)``,
     agreed by the processes' exchange of this batch's status (the same on every process)."""
+    reads: tuple[int, ...] = ()
+    """The producer's ``readers``' positions after this batch (one-pass sources): taking the
+    batch takes their batches before these."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +116,7 @@ class _Begun:
     made: Made | None  # the batch; None: the end (``error is None``) or a failure
     end: Callable[[], Verdict | None]  # waits for the others' outcomes
     snapshot: list[Any] | None = None  # at the end: the sources' states
-    error: Exception | None = None
+    error: BaseException | None = None
     where: Callable[[int], str] | None = None  # the paths of the batch's leaves
 
 
@@ -135,7 +151,8 @@ class Producer:
     Args:
         plan: the epoch's plan (mesh, spec, policy, what the processes exchange, whether a
             thread runs this producer).
-        its: one iterator per source (per host this process supplies).
+        its: one iterator per source (per host this process supplies); a one-pass source's
+            ``Replay``, read from its first batch not taken.
         sources: the sources (snapshotted when every one is stateful).
         dispatchers: one per source, or ``None``.
         counters: the loader's counters (bytes, transfer seconds).
@@ -161,7 +178,11 @@ class Producer:
                 f"{plan.channel!r}), but got {exchanges!r}."
             )
         self.plan = plan
-        self.its = its
+        self.outside = Outside()  # every read of a source goes through it (the run's close)
+        self.its: list[Iterator[Any]] = [
+            it.reader(self.outside) if isinstance(it, Replay) else it for it in its
+        ]
+        self.readers = [it for it in self.its if isinstance(it, Reader)]
         self.all_sources = list(sources)
         self.sources = sources if all(stateful(s) for s in sources) else None
         self.dispatchers = dispatchers
@@ -189,6 +210,10 @@ class Producer:
             return None
         return [capture(s) for s in self.sources]
 
+    def positions(self) -> tuple[int, ...]:
+        """The ``readers``' positions now (``Made.reads``)."""
+        return tuple(r.position for r in self.readers)
+
     # -- reading ---------------------------------------------------------------------------
     def _next_of(self, h: int, n: int) -> Any:
         """Host ``h``'s next batch, or ``_END``. A DataLoader whose workers read a stream is
@@ -196,13 +221,14 @@ class Producer:
         if self.pending[h]:
             return self.pending[h].pop(0)
         it = self.its[h]
+        read = self.outside.call
         if not self.echo_checked[h]:
             self.echo_checked[h] = True
             workers = stream_workers(self.all_sources[h])
             if workers:
                 first = []
                 for _ in range(workers):
-                    x = next(it, _END)
+                    x = read(next, it, _END)
                     if x is _END:
                         break
                     first.append(x)
@@ -213,7 +239,7 @@ class Producer:
                         raise error
                 self.pending[h] = first[1:]
                 return first[0] if first else _END
-        return next(it, _END)
+        return read(next, it, _END)
 
     def _pull(self, n: int) -> list[Any]:
         """``last_batch="error"``: one batch per host, or the end of every host's source."""
@@ -355,14 +381,20 @@ class Producer:
                     self._agree(exchanges, n, [END_OF_DATA])
                 exchanges.agreed_end()
             raise StopIteration(EndOfData(end.value)) from None
+        except Retired:  # the run was closed while this thread was inside the source
+            raise
         except Exception as e:
             self._fence()  # drop the failed batch's copies
             if exchanges is not None:
                 self._agree(exchanges, n, failure(e), error=e)
             raise
+        except BaseException:  # KeyboardInterrupt, SystemExit: at this batch, not exchanged
+            self._fence()
+            raise
         ready = self._fence()
+        reads = self.positions()
         if exchanges is None:
-            return Made(out, snapshot, ready, rows=rows, nbytes=nbytes)
+            return Made(out, snapshot, ready, rows=rows, nbytes=nbytes, reads=reads)
         outcome = status_items(status, host is not None) if self.plan.exchange else []
         where = None
         if host is not None and self.plan.agree:
@@ -381,6 +413,7 @@ class Producer:
             rows=rows,
             nbytes=nbytes,
             settled=settled,
+            reads=reads,
         )
 
     def _describe(self, n: int, host: Any) -> tuple[list[str], Callable[[int], str]]:
@@ -572,11 +605,24 @@ class PipelinedProducer(Producer):
             out, snap, host, rows, _, nbytes = self._make(n)
         except StopIteration as stop:
             outcome, snapshot = [END_OF_DATA], stop.value
+        except Retired:  # the run was closed while this thread was inside the source
+            raise
         except Exception as e:  # noqa: BLE001 -- raised by the end, at its batch
             self._fence()  # drop the failed batch's copies
             outcome, error = failure(e), e
+        except BaseException as e:  # noqa: BLE001 -- KeyboardInterrupt: at its batch, unexchanged
+            self._fence()
+            return _Begun(n, None, _not_exchanged, error=e)
         else:
-            made = Made(out, snap, self._fence(), compared=True, rows=rows, nbytes=nbytes)
+            made = Made(
+                out,
+                snap,
+                self._fence(),
+                compared=True,
+                rows=rows,
+                nbytes=nbytes,
+                reads=self.positions(),
+            )
             outcome = []
             if host is not None:
                 outcome, where = self._describe(n, host)
@@ -607,6 +653,11 @@ class PipelinedProducer(Producer):
             exchanges.agreed_end()
             raise StopIteration(EndOfData(begun.snapshot))
         return begun.made
+
+
+def _not_exchanged() -> None:
+    """The end of an exchange that was not begun (a ``KeyboardInterrupt`` raised at its batch)."""
+    return None
 
 
 def producer_for(
