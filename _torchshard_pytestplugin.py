@@ -148,9 +148,12 @@ def _decide(config: pytest.Config, options: Any) -> None:
     config.stash[_ASKED] = how
     from torchshard.testing import _spmd  # torch and torchshard: only when asked
 
+    # Enabled before it is registered: registered inside pytest_configure (a conftest's
+    # pytest_plugins), its own pytest_configure runs at once, and must find it enabled to
+    # register the spmd marker (else --strict-markers refuses every marked test module).
+    _spmd.enable(config, count, how)
     if not config.pluginmanager.is_registered(_spmd):
         config.pluginmanager.register(_spmd, ACTIVE)
-    _spmd.enable(config, count, how)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -295,6 +295,35 @@ def stream_workers(split: bool, workers: int = 2) -> dict[str, Any]:
     return {"got": got, "error": error, "shard": shard, "after": after}
 
 
+def stream_unsplit(policy: str, allow: bool, split: bool = False) -> dict[str, Any]:
+    """A stream every process reads whole (not split by process; ``split``: by process), no
+    workers, under ``last_batch=policy``; ``allow``: ``allow_equal_batches``."""
+    import torch.distributed as dist
+
+    ts = _ts()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = Filtered(rank, world, 16) if split else Filtered(0, 1, 16)
+    got: list[int] = []
+    error = "no error"
+    with _mesh(world):
+        try:
+            loader = ts.GlobalBatchLoader(
+                DataLoader(data, batch_size=2, drop_last=policy == "error"),
+                last_batch=policy,
+                allow_equal_batches=allow,
+            )
+            for b in loader:
+                if policy == "pad":
+                    ids, keep = ts.replicate_to_local_data((b[0]["id"], b[1]))
+                    got += ids[keep].tolist()
+                else:
+                    got += ts.replicate_to_local_data(b["id"]).tolist()
+        except Exception as e:  # noqa: BLE001 -- the message is the result
+            error = f"{type(e).__name__}: {e}"
+        after = tuple(ts.host_to_global_array(torch.zeros(1, 2)).shape)
+    return {"got": got, "error": error, "after": after}
+
+
 # -- len() and the size of a whole batch across processes -------------------------------------
 
 

@@ -520,7 +520,26 @@ def torchtitan_loader(
         through_dcp = [b[0]["input"].tolist() for b in loaded] == [
             o[0]["input"].tolist() for o in own[2:]
         ]
+    # A state without this rank's key, saved on the same dp degree: torchtitan's own loader
+    # logs a warning naming the key and starts afresh; so does this one.
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("torchshard.integrations.torchtitan")
+    log.addHandler(handler)
+    fresh = dataloader(source(dp_rank), parallel_dims=dims)
+    try:
+        fresh.load_state_dict({f"dp_rank_{dp + 5}": b"", "world_size": dp})
+    finally:
+        log.removeHandler(handler)
+    afresh = next(iter(fresh))
+    fresh.loader.close()
     return {
+        "attributes": (loader.batch_size, loader.num_workers),
+        "warned": [(r.levelname, r.getMessage()) for r in records],
+        "afresh": torch.equal(afresh[0]["input"], own[0][0]["input"]),
         "is_base": isinstance(loader, BaseDataLoader),
         "dp": (loader.dp_rank, loader.dp_world_size),
         "expected_dp": (dp_rank, dp),

@@ -59,7 +59,9 @@ def infer_global_shape(mesh, spec, axes, local_shape, device_process):
     return tuple(out)
 
 
-def given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process):
+def given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process, hosts):
+    """Per dimension the whole of it, or the own part of each host in ``hosts`` (those that
+    own a planned device: their own parts may differ in size from other hosts', as in JAX)."""
     if len(global_shape) != len(local_shape):
         raise ShardingError("rank")
     check_divisible(mesh, spec, axes, global_shape)
@@ -70,7 +72,7 @@ def given_global_shape(mesh, spec, axes, local_shape, global_shape, device_proce
             full.append(True)
             continue
         chunk = n // k
-        parts = {h: len(held) * chunk for h, held in sorted(f.sets.items())}
+        parts = {h: len(held) * chunk for h, held in sorted(f.sets.items()) if h in hosts}
         if set(parts.values()) != {m}:
             raise ShardingError("size")
         full.append(False)
@@ -85,7 +87,10 @@ def plan_from_local(mesh, spec, local_shape, device_process, devices, global_sha
         global_shape = infer_global_shape(mesh, spec, axes, local_shape, device_process)
         full = (False,) * len(local_shape)
     else:
-        full = given_global_shape(mesh, spec, axes, local_shape, global_shape, device_process)
+        hosts = {device_process[d] for d in devices}
+        full = given_global_shape(
+            mesh, spec, axes, local_shape, global_shape, device_process, hosts
+        )
     feeds = dim_feeds(mesh, axes, device_process)
     counts = shard_counts(mesh, axes)
     numbers = device_shard_numbers(mesh, axes)

@@ -7,7 +7,13 @@ import pytest
 from helpers import host_segments, reference_ranges, take_segments, virtual_host_of
 
 import torchshard as ts
-from torchshard._core.blocks import block_offsets, infer_global_shape, plan_from_local
+from torchshard._core.blocks import (
+    block_offsets,
+    given_global_shape,
+    infer_global_shape,
+    merge_plans,
+    plan_from_local,
+)
 
 ONE_HOST = (0,) * 8
 TWO_HOSTS = (0,) * 4 + (1,) * 4
@@ -162,7 +168,9 @@ def test_infer_global_shape_errors():
             "dim 0 is not process-uniform under P('a',) on Mesh({'a': 2, 'b': 4}, devices=[0, 1, "
             "2, 4, 3, 5, 6, 7]): the hosts hold the shard sets {0: (0,), 1: (0, 1), 2: (0, 1), "
             "3: (1,)} along it, which are not equal, disjoint groups, so no global shape has one "
-            "block per host. Choose a spec or a mesh device order that follows host boundaries."
+            "block per host. Choose a spec or a mesh device order that follows host boundaries, "
+            "or give global_shape (as in JAX: each host then passes its own part, whose size may "
+            "differ from host to host, or the whole dimension)."
         ),
     ):
         infer_global_shape(mesh, ts.P("a"), (("a",), ()), (2, 2), (0, 0, 1, 1, 2, 2, 3, 3))
@@ -179,6 +187,65 @@ def test_block_offsets():
         (slice(0, 2), slice(0, 3)),
     ]
     assert block_offsets([((5, 5),), ((4, 5),)], 1) == ((1,), [(slice(1, 1),), (slice(0, 1),)])
+
+
+# Rows held by hosts 0; 1, 2; 1, 2; 3 (4 hosts of 2 devices): along dim 0 the hosts hold 1, 2,
+# 2 and 1 of its 4 blocks (JAX's case, tests/cross/test_jax.py).
+UNEQUAL = ts.Mesh(np.array([0, 1, 2, 4, 3, 5, 6, 7]).reshape(4, 2), ("data", "model"))
+FOUR_HOSTS = tuple(d // 2 for d in range(8))
+
+
+def test_a_given_global_shape_checks_each_hosts_own_part():
+    """With global_shape, each host passes its own part: 2, 4, 4 and 2 of 8 rows here (before:
+    one size for every host, so these hosts could pass only the whole dimension)."""
+    axes = (("data",), ())
+    for host, rows in enumerate((2, 4, 4, 2)):
+        full = given_global_shape(
+            UNEQUAL, ts.P("data"), axes, (rows, 3), (8, 3), FOUR_HOSTS, (host,)
+        )
+        assert full == (False, True)
+    assert given_global_shape(UNEQUAL, ts.P("data"), axes, (8, 3), (8, 3), FOUR_HOSTS, (0,)) == (
+        True,
+        True,
+    )
+    with pytest.raises(
+        ts.ShardingError,
+        match=re.escape(
+            "dim 0 of the host block has size 2, but with global_shape (8, 3) a host passes along "
+            "it either the whole dimension, 8 (each host then takes the slices its devices need), "
+            "or its own part, 4 (2 distinct shard(s) of 2 on its devices), under P('data',) on "
+            "mesh {'data': 4, 'model': 2}. Pass a block of one of those sizes, or fix "
+            "global_shape."
+        ),
+    ):
+        given_global_shape(UNEQUAL, ts.P("data"), axes, (2, 3), (8, 3), FOUR_HOSTS, (1,))
+    with pytest.raises(ts.ShardingError, match=re.escape("its own part (per host: {0: 2, 1: 4, ")):
+        given_global_shape(UNEQUAL, ts.P("data"), axes, (2, 3), (8, 3), FOUR_HOSTS)
+
+
+def test_plans_of_hosts_whose_parts_differ_merge_in_device_order():
+    G = np.arange(24).reshape(8, 3)
+    blocks = {0: G[0:2], 1: G[2:6], 2: G[2:6], 3: G[6:8]}
+    plans = [
+        plan_from_local(
+            UNEQUAL,
+            ts.P("data"),
+            blocks[h].shape,
+            FOUR_HOSTS,
+            tuple(d for d in ALL if FOUR_HOSTS[d] == h),
+            (8, 3),
+        )
+        for h in range(4)
+    ]
+    plan = merge_plans(plans, ALL)
+    assert [p.device for p in plan.pieces] == list(ALL)
+    assert plan.global_shape == (8, 3) and plan.local_shape == (2, 3)
+    assert plan.owner_shapes == ((0, (2, 3)), (1, (4, 3)), (2, (4, 3)), (3, (2, 3)))
+    assert [plan.shape_of(h) for h in range(4)] == [(2, 3), (4, 3), (4, 3), (2, 3)]
+    got = _apply(plan, blocks)
+    want = reference_ranges(UNEQUAL, ts.P("data"), (8, 3))
+    for d in ALL:
+        np.testing.assert_array_equal(got[d], G[tuple(slice(a, b) for a, b in want[d])])
 
 
 @pytest.mark.parametrize("devices", [1024, 16384])

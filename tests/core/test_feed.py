@@ -67,6 +67,25 @@ def test_tp_peers_share_a_shard_on_a_dp_by_tp_mesh():
     assert _configs(mesh, P("dp", "tp"), 4, 4) == _configs(mesh, P("dp"), 4, 4)
 
 
+def test_the_processes_of_a_feed_are_the_peers_that_read_it():
+    from torchshard._core.feed import feed_processes
+
+    mesh = ts.Mesh(np.arange(4).reshape(2, 2), ("dp", "tp"))
+
+    def peers(spec, process):
+        with hosts(4, process, devices=4):
+            return feed_processes(spec, mesh=mesh, caller="test")
+
+    assert [peers(P("dp"), h) for h in range(4)] == [(0, 1), (0, 1), (2, 3), (2, 3)]
+    assert [peers(P("tp"), h) for h in range(4)] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    assert peers(P(("dp", "tp")), 2) == (2,)
+    assert peers(P(), 3) == (0, 1, 2, 3)
+    # The oracle: the processes whose feed_read_config is this one's.
+    for spec, h in itertools.product((P("dp"), P("tp"), P(("tp", "dp"))), range(4)):
+        configs = _configs(mesh, spec, 4, 4)
+        assert peers(spec, h) == tuple(p for p in range(4) if configs[p] == configs[h])
+
+
 def test_permuted_hybrid_and_multi_device_hosts():
     # A transposed grid: row 0 of dp holds ranks 0 and 2.
     mesh = ts.Mesh(np.array([[0, 2], [1, 3]]), ("dp", "tp"))

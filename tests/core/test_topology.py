@@ -95,31 +95,63 @@ def test_an_override_is_removed_when_its_block_raises():
     assert override() is None
 
 
-def test_overrides_are_process_wide_and_removed_by_the_thread_that_ends_them():
-    """A thread's override is seen by every thread; ending it removes that very entry, even
-    when another thread installed an equal one later."""
+def test_overrides_are_per_thread_and_lent_to_helpers():
+    """A thread's providers are its own (before: process-wide, so a thread that installed none
+    saw another's, and two threads could not emulate different host counts at once); a
+    helper thread installs those of the thread it works for, and leaves with its own again."""
+    a = Topology(0, 2, (0, 1), virtual=True)
+    b = Topology(0, 4, (0, 1, 2, 3), virtual=True)
+    both_in, release = threading.Barrier(3, timeout=10), threading.Event()
+    seen = {}
+
+    def emulate(name, topology):
+        with override_topology(topology):
+            both_in.wait()
+            seen[name] = override()[1]
+            release.wait(10)
+        seen[name + " after"] = override()
+
+    def bystander():
+        both_in.wait()
+        seen["bystander"] = override()
+
+    threads = [
+        threading.Thread(target=emulate, args=("a", a), name="hosts-2"),
+        threading.Thread(target=emulate, args=("b", b), name="hosts-4"),
+    ]
+    for t in threads:
+        t.start()
+    bystander()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert seen == {"a": a, "b": b, "bystander": None, "a after": None, "b after": None}
+
+    with override_topology(a):
+        lent = _topology.providers()
+    helper = []
+
+    def work():
+        helper.append(override())
+        with _topology.installed(lent):
+            helper.append(override()[1])
+        helper.append(override())
+
+    t = threading.Thread(target=work, name="helper")
+    t.start()
+    t.join(10)
+    assert helper == [None, a, None]
+    assert override() is None and _topology.providers() == ()
+
+
+def test_an_override_ends_its_own_entry_among_equal_ones():
     a = Topology(0, 2, (0, 1), virtual=True)
     twin = Topology(0, 2, (0, 1), virtual=True)
-    installed, release = threading.Event(), threading.Event()
-    seen = []
-
-    def other():
-        with override_topology(twin):
-            installed.set()
-            release.wait(10)
-
     outer = override_topology(a)
     outer.__enter__()
-    t = threading.Thread(target=other, name="override-probe")
-    t.start()
-    try:
-        assert installed.wait(10)
-        seen.append(override()[1])
-        outer.__exit__(None, None, None)  # removes a, not the twin installed after it
-        seen.append(override()[1])
-    finally:
-        release.set()
-        t.join(10)
-    assert seen[0] is twin and seen[1] is twin
-    assert override() is None
-    assert _topology._OVERRIDES.stack == []
+    inner = override_topology(twin)
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # removes a, not the twin installed after it
+    assert override()[1] is twin
+    inner.__exit__(None, None, None)
+    assert _topology.providers() == ()

@@ -189,7 +189,9 @@ PER_HOST = {
         ts.ShardingError,
         (
             "per_host_arrays[1]['x']: every host must pass the same shape and dtype for a leaf; "
-            "expected (4, 2) torch.float64 (host 0), got (4, 3) torch.float64."
+            "expected (4, 2) torch.float64 (host 0), got (4, 3) torch.float64. Hosts whose parts "
+            "differ in size pass global_shape=: each host then passes its own part, or the whole "
+            "dimension."
         ),
     ),
     "dtypes disagree": (
@@ -245,7 +247,9 @@ def test_non_uniform_layout():
                 "Mesh({'a': 2, 'b': 4}, devices=[0, 1, 2, 4, 3, 5, 6, 7]): the hosts hold the "
                 "shard sets {0: (0,), 1: (0, 1), 2: (0, 1), 3: (1,)} along it, which are not "
                 "equal, disjoint groups, so no global shape has one block per host. Choose a spec "
-                "or a mesh device order that follows host boundaries."
+                "or a mesh device order that follows host boundaries, or give global_shape (as in "
+                "JAX: each host then passes its own part, whose size may differ from host to host, "
+                "or the whole dimension)."
             ),
         ),
     ):

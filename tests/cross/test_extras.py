@@ -153,8 +153,8 @@ def test_the_package_builds_its_install_commands_with_one_helper():
 def test_importing_torchshard_imports_no_stack():
     code = (
         "import sys, torchshard, torchshard.integrations;"
-        "print(sorted(m for m in ('lightning', 'accelerate', 'torchtitan', "
-        "'torchshard.integrations.lightning') if m in sys.modules))"
+        "print(sorted(m for m in ('lightning', 'accelerate', 'torchtitan', 'grain', 'ray', "
+        "'datasets', 'torchshard.integrations.lightning') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

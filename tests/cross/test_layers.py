@@ -180,7 +180,7 @@ def _third_party(module: str) -> set[str]:
 def test_the_data_feeders_import_nothing_of_the_loaders_wing():
     """``torchshard.data``'s feeders work alone, before or inside a ``DataLoader``
     (``host_sampler``, ``stream_shard``, ``sharded_collate``, ``Packer``,
-    ``context_parallel_rows``): the loader's wing
+    ``context_parallel_rows``, ``sharded_stream``, ``fixed_global_batches``): the loader's wing
     (``data/_loader/``) imports them, never the other way."""
     feeders = sorted(
         m for m in MODULES if m.startswith("torchshard.data._") and ".data._loader" not in m
@@ -188,8 +188,10 @@ def test_the_data_feeders_import_nothing_of_the_loaders_wing():
     assert feeders == [
         "torchshard.data._collate",
         "torchshard.data._cp_rows",
+        "torchshard.data._fixed_batch",
         "torchshard.data._packer",
         "torchshard.data._sampler",
+        "torchshard.data._sharded_stream",
         "torchshard.data._stream_shard",
     ]
     wrong = [

@@ -46,7 +46,8 @@ SURFACE = {
     ],
     "torchshard.data": [
         "GlobalBatchLoader", "HostSampler", "LoaderStats", "host_sampler", "sharded_collate",
-        "stream_shard", "Packer", "context_parallel_rows",
+        "stream_shard", "Packer", "context_parallel_rows", "sharded_stream", "ShardedStream",
+        "fixed_global_batches", "FixedGlobalBatches",
     ],
     "torchshard.testing": [
         "assert_global_equal", "assert_sharded", "global_batch_loader_per_host",

@@ -3,9 +3,10 @@ them, and print their summary: FSDP2 and DDP, TP and SP on (dp=2, tp=2), each fe
 ``GlobalBatchLoader`` and by a ``DistributedSampler`` with ``torch.equal`` losses, context
 parallel sharding equal to torch's ``context_parallel``, and, where the stack is installed
 (else they skip, naming it), torchtitan (``torch.equal`` losses against its stock
-``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint) and accelerate
+``ParallelAwareDataloader``, and a resume through torch.distributed.checkpoint; its main
+branch's grain loader protocol against grain's own ``ElasticIterator``) and accelerate
 (the examples of every step equal to accelerate's own feed, the losses within float
-rounding). (Lightning's example runs in ``tests/integrations/test_lightning.py``, where
+rounding). (Lightning's examples run in ``tests/integrations/test_lightning.py``, where
 Lightning is installed.)
 
 docs/stacks.md shows each script's essential part: the text between the script's lines
@@ -13,8 +14,11 @@ docs/stacks.md shows each script's essential part: the text between the script's
 ``<!-- example:stacks-NAME -->`` there (``<!-- example:stacks-fsdp2-ddp -->``,
 ``<!-- example:stacks-tp-sp -->``, ``<!-- example:stacks-context-parallel -->``,
 ``<!-- example:stacks-context-parallel-packed -->``,
-``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-accelerate-ddp -->`` and
-Lightning's ``<!-- example:stacks-lightning-ddp -->``), so the page shows code that CI runs.
+``<!-- example:stacks-torchtitan-dp -->``, ``<!-- example:stacks-torchtitan-grain -->``,
+``<!-- example:stacks-accelerate-ddp -->``,
+Lightning's ``<!-- example:stacks-lightning-ddp -->`` and
+``<!-- example:stacks-lightning-resume -->``, and Ray's
+``<!-- example:stacks-ray-data -->``), so the page shows code that CI runs.
 """
 
 from __future__ import annotations
@@ -113,6 +117,14 @@ EXAMPLES = [
         stack="torchtitan",
     ),
     Example(
+        "torchtitan_grain.py",
+        2,
+        (("torch.distributed.fsdp", "fully_shard"),),
+        "torchtitan_grain: 2 processes, FSDP2, 23 samples: every rank stopped after step 5 "
+        "(grain alone: 6 and 5); resumed from dcp with grain's own batches",
+        stack="grain",
+    ),
+    Example(
         "accelerate_ddp.py",
         2,
         (),
@@ -123,8 +135,15 @@ EXAMPLES = [
 ]
 IDS = [e.name if e.processes == 2 else f"{e.name}-{e.processes}" for e in EXAMPLES]
 # (script, NAME) of every script docs/stacks.md shows a part of.
+# (Lightning's and Ray's run in tests/integrations/test_lightning.py and test_ray.py, where the
+# stack is installed; Ray's on the Ray cluster that module starts.)
 SHOWN = list(dict.fromkeys((e.script, e.name) for e in EXAMPLES))
-SHOWN += [("lightning_ddp.py", "lightning-ddp"), ("context_parallel.py", "context-parallel-packed")]
+SHOWN += [
+    ("lightning_ddp.py", "lightning-ddp"),
+    ("lightning_resume.py", "lightning-resume"),
+    ("ray_data.py", "ray-data"),
+    ("context_parallel.py", "context-parallel-packed"),
+]
 
 
 def shown_block(name: str) -> str:

@@ -227,6 +227,27 @@ def test_a_resumed_pass_reads_on_from_the_global_position(n, shards, data):
     assert parts == [order[start : start + usable][h::shards] for h in range(shards)]
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_len_is_the_whole_epochs_share_also_for_a_resumed_pass(drop_last):
+    """``len()`` counts the epoch as torch's DistributedSampler does, whether the pass is
+    resumed or not, before, during and after it: Lightning sizes the epoch by it on every
+    process while the loader's read-ahead may have finished the pass on one of them (on the
+    old code: 2 before the pass, 8 after it, so two processes' Lightning disagreed)."""
+    for h in range(2):
+        s = ts.host_sampler(range(17), {"num_shards": 2, "shard_index": h}, drop_last=drop_last)
+        torchs = DistributedSampler(range(17), num_replicas=2, rank=h, drop_last=True)
+        whole = len(torchs) if drop_last else len(range(h, 17, 2))  # never repeats (9, 8)
+        assert len(s) == whole
+        s.resume(0, 13)  # 13 of the epoch's 17 examples consumed
+        assert len(s) == whole
+        it = iter(s)
+        rest = [next(it)]
+        assert len(s) == whole
+        rest += list(it)  # the pass ends: the sampler restarts at 0
+        assert len(s) == whole
+        assert len(rest) == (2 if drop_last else len(range(h, 4, 2)))
+
+
 def test_state_dict_and_load_state_dict_mid_pass():
     feed = {"num_shards": 2, "shard_index": 1}
     a = ts.host_sampler(range(20), feed, seed=1)

@@ -2,7 +2,8 @@
 GlobalBatchLoader to the loop untouched (the XLA strategy would wrap it in MpDeviceLoader);
 and a 2-process Lightning DDP run on CPU (torchrun, gloo) over two epochs, fed by a
 GlobalBatchLoader, has a new order each epoch and the losses of Lightning's own feed (its
-DistributedSampler), bit for bit: ``examples/stacks/lightning_ddp.py``. And Lightning's own
+DistributedSampler), bit for bit: ``examples/stacks/lightning_ddp.py``; its mid-epoch resume
+from rank 0's checkpoint on both ranks: ``examples/stacks/lightning_resume.py``. And Lightning's own
 XLA path under SPMD (one process, ``SingleDeviceXLAStrategy`` on the 8 emulated devices): a
 ``Trainer.fit`` of two epochs gets the loader's global batches as the loader made them, with a
 new order in epoch 2. Skips without Lightning (and the XLA test without torch_xla)."""
@@ -87,6 +88,37 @@ def test_two_process_ddp_run_reshuffles_and_matches_lightnings_feed(tmp_path):
         "lightning_ddp rank 0: 2 epochs, new order each epoch, losses equal to Lightning's feed",
         "lightning_ddp rank 1: 2 epochs, new order each epoch, losses equal to Lightning's feed",
     ], out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_two_process_mid_epoch_resume_from_rank_0s_checkpoint(tmp_path):
+    """Lightning writes rank 0's loader state alone; ``trainer.fit(ckpt_path=...)`` after a
+    stop mid-epoch resumes both ranks from it (rank 1 from the common entry: the epoch and the
+    examples consumed), each seeing exactly what Lightning's own uninterrupted ``Trainer`` run
+    gave it: ``examples/stacks/lightning_resume.py``. On the old code rank 1 raised
+    "ValueError: state_dict: expected this process's entry 'process_1', but the state holds
+    ['process_0']", and the resumed epoch's len() differed between the ranks."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHSHARD_EXAMPLE_DIR": str(tmp_path)}
+    for var in ("PJRT_DEVICE", "XLA_FLAGS", "CPU_NUM_DEVICES", "XLA_USE_SPMD"):
+        env.pop(var, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(ROOT / "examples" / "stacks" / "lightning_resume.py"),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("lightning_resume rank")]
+    tail = (
+        ": stopped after step 3, resumed from rank 0's checkpoint at step 4, every example of "
+        "the uninterrupted run once, losses equal"
+    )
+    assert sorted(lines) == [f"lightning_resume rank {r}{tail}" for r in range(2)], (
+        out.stdout[-2000:] + out.stderr[-2000:]
+    )
 
 
 def emulated_xla_accelerator():

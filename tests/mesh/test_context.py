@@ -205,3 +205,92 @@ def test_asyncio_tasks_that_interleave_each_see_their_own_mesh():
         "b after": None,
     }
     assert ts.current_mesh() is None and xs.get_global_mesh() is None
+
+
+def test_each_thread_reads_its_own_mesh_as_torch_xlas_global_mesh():
+    """Thread A inside ``with a`` while the main thread is inside ``with b``: torch_xla's
+    ``get_global_mesh`` (where its own calls look it up) gives each thread its own mesh, and
+    torchshard's calls in A place on A's mesh (before: both read the mesh of the last entry,
+    B's). A thread inside no mesh reads torch_xla's own value, the last open entry's; a mesh
+    the program sets itself is every thread's; a helper lent a mesh reads that one."""
+    import torch_xla.distributed.spmd.xla_sharding as xla_sharding
+
+    from torchshard._core.context import thread_mesh
+    from torchshard.testing import assert_sharded
+
+    a = ts.Mesh(np.arange(8), ("a",))
+    b = ts.Mesh(np.arange(8).reshape(4, 2), ("b", "c"))
+    with a:  # installs the per-thread reader
+        assert xs.get_global_mesh is xla_sharding.get_global_mesh  # enable_manual_sharding's
+    a_in, b_in, done = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def thread_a():
+        with a:
+            a_in.set()
+            assert b_in.wait(10)
+            seen["a"] = (_xla_mesh_tuple(xs.get_global_mesh()), xla_sharding.get_global_mesh())
+            g = ts.host_to_global_array(np.zeros((8, 2), np.float32), partition=ts.P("a"))
+            assert_sharded(g, ts.P("a"), a)
+            seen["a placed"] = True
+        done.set()
+
+    def no_mesh():
+        seen["no mesh"] = _xla_mesh_tuple(xs.get_global_mesh())
+
+    def helper():
+        with thread_mesh(a):
+            seen["helper"] = _xla_mesh_tuple(xs.get_global_mesh())
+
+    t = threading.Thread(target=thread_a, name="thread-a")
+    t.start()
+    try:
+        assert a_in.wait(10)
+        with b:
+            b_in.set()
+            assert done.wait(30)
+            assert _xla_mesh_tuple(xs.get_global_mesh()) == _xla_mesh_tuple(b.xla_mesh)
+            for target in (no_mesh, helper):
+                probe = threading.Thread(target=target, name=target.__name__)
+                probe.start()
+                probe.join(10)
+            own = xs.Mesh(np.arange(8)[::-1].copy(), (8,), ("own",))
+            xs.set_global_mesh(own)  # the program's own: every thread's, as in torch_xla
+            assert xs.get_global_mesh() is own
+            probe = threading.Thread(target=no_mesh, name="after-set")
+            probe.start()
+            probe.join(10)
+            seen["program's own"] = seen.pop("no mesh")
+            probe = threading.Thread(target=no_mesh, name="no-mesh")
+            probe.start()
+            probe.join(10)
+    finally:
+        b_in.set()
+        t.join(30)
+    assert seen["a"] == (_xla_mesh_tuple(a.xla_mesh), a.xla_mesh)
+    assert seen["a placed"]
+    assert seen["helper"] == _xla_mesh_tuple(a.xla_mesh)
+    assert seen["program's own"] == _xla_mesh_tuple(own)
+    assert seen["no mesh"] == _xla_mesh_tuple(own)  # until torchshard's next entry or exit
+    assert xs.get_global_mesh() is None  # b's exit reset it
+
+
+def test_asyncio_tasks_each_read_their_own_mesh_as_torch_xlas_global_mesh():
+    a = ts.Mesh(np.arange(8), ("a",))
+    b = ts.Mesh(np.arange(8).reshape(4, 2), ("b", "c"))
+    seen = {}
+
+    async def task(name, mesh, first, second):
+        with mesh:
+            first.set()
+            await second.wait()
+            await asyncio.sleep(0)  # both tasks are inside their meshes from here
+            seen[name] = _xla_mesh_tuple(xs.get_global_mesh())
+            await asyncio.sleep(0)  # neither leaves before both have read
+
+    async def main():
+        ea, eb = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(task("a", a, ea, eb), task("b", b, eb, ea))
+
+    asyncio.run(main())
+    assert seen == {"a": _xla_mesh_tuple(a.xla_mesh), "b": _xla_mesh_tuple(b.xla_mesh)}

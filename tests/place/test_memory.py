@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,6 +35,22 @@ def test_plan_bytes_counts_every_device_copy(mesh8, monkeypatch):
     assert memory.plan_bytes(plans[0], 4) == 8 * (8 * 3 * 4)  # replicated: 8 whole copies
     assert memory.plan_bytes(plans[1], 4) == 8 * 5 * 4  # sharded: one row per device
     assert path(0) == "host_arrays['r']"
+
+
+def test_plan_bytes_counts_each_hosts_own_block():
+    """Hosts whose parts differ (1, 2, 2 and 1 of 4 row blocks; the whole of dim 1 each):
+    a device of a host that holds one block receives that host's whole block."""
+    from torchshard._core.blocks import merge_plans, plan_from_local
+
+    mesh = ts.Mesh(np.array([0, 1, 2, 4, 3, 5, 6, 7]).reshape(4, 2), ("data", "model"))
+    owners = tuple(d // 2 for d in range(8))
+    rows = (2, 4, 4, 2)
+    plans = [
+        plan_from_local(mesh, ts.P("data"), (rows[h], 3), owners, (2 * h, 2 * h + 1), (8, 3))
+        for h in range(4)
+    ]
+    plan = merge_plans(plans, tuple(range(8)))
+    assert memory.plan_bytes(plan, 4) == 8 * (2 * 3 * 4)  # every device: 2 rows of 3
 
 
 def test_a_call_that_does_not_fit_is_refused_before_anything_moves(mesh8, monkeypatch):

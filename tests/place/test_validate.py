@@ -184,6 +184,31 @@ def test_every_host_needs_the_first_hosts_shapes_and_dtypes():
     validate.check_host_leaves(call, tensors, frozenset({0}))  # an already-global leaf: skipped
 
 
+def test_hosts_may_pass_blocks_of_different_shapes_under_a_given_global_shape():
+    """As in JAX: with the leaf's global shape given, each host passes its own part (whose
+    size may differ) or the whole dimension; the dtype stays one. The leaves whose shapes
+    differ are returned (planned host by host)."""
+    trees = [{"x": torch.zeros(2, 3), "y": torch.zeros(4)}] + [
+        {"x": torch.zeros(4, 3), "y": torch.zeros(4)}
+    ] * 3
+    call = read(trees, FOUR, ts.P(), per_host=True, global_shape={"x": (8, 3), "y": None})
+    tensors = [[t["x"], t["y"]] for t in trees]
+    assert validate.check_host_leaves(call, tensors, frozenset(), [(8, 3), None]) == {0}
+    with pytest.raises(
+        ts.ShardingError,
+        match=re.escape(
+            "per_host_arrays[1]['x']: every host must pass the same shape and dtype for a leaf; "
+            "expected (2, 3) torch.float32 (host 0), got (4, 3) torch.float32. Hosts whose parts "
+            "differ in size pass global_shape=: each host then passes its own part, or the whole "
+            "dimension."
+        ),
+    ):
+        validate.check_host_leaves(call, tensors, frozenset(), [None, None])
+    tensors[2][0] = torch.zeros(4, 3, dtype=torch.int32)
+    with pytest.raises(ts.ShardingError, match=re.escape("got (4, 3) torch.int32.")):
+        validate.check_host_leaves(call, tensors, frozenset(), [(8, 3), None])
+
+
 @pytest.mark.xla
 def test_validated_plan_plans_every_leaf(mesh42):
     from torchshard._mesh.context import current_topology

@@ -62,3 +62,43 @@ def test_each_host_has_its_own_dispatcher(mesh8):
         ),
     ):
         global_batch_loader_per_host(sources, dispatchers=dispatchers[:1])
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_loaders_of_two_threads_each_see_their_own_hosts(prefetch):
+    """Two threads emulating 2 and 4 hosts at once, each with its loader (made, iterated and
+    prefetched in its own thread): each loader's thread sees the hosts of the thread that
+    started its epoch (before: the emulation was process-wide, so the two clashed)."""
+    import threading
+
+    got, errors = {}, []
+    both = threading.Barrier(2, timeout=30)
+
+    def run(hosts):
+        try:
+            sources = [
+                [{"id": np.full(8 // hosts, h + 10 * k)} for k in range(2)] for h in range(hosts)
+            ]
+            with virtual_hosts(hosts), ts.Mesh(np.arange(8), ("data",)):
+                loader = global_batch_loader_per_host(
+                    sources, partition=ts.P("data"), prefetch=prefetch
+                )
+                it = iter(loader)
+                both.wait()  # both emulations and both epochs are live from here
+                got[hosts] = [ts.replicate_to_local_data(b["id"]).tolist() for b in it]
+                both.wait()
+        except BaseException as e:  # noqa: BLE001 -- reported below, in the test's thread
+            both.abort()
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(n,), name=f"hosts-{n}") for n in (2, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert got == {
+        2: [[0] * 4 + [1] * 4, [10] * 4 + [11] * 4],
+        4: [[0, 0, 1, 1, 2, 2, 3, 3], [10, 10, 11, 11, 12, 12, 13, 13]],
+    }
+    assert no_loader_thread_left()

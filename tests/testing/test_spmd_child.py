@@ -6,8 +6,12 @@ marker's items run in their children, in a project laid out in folders and impor
 
 from __future__ import annotations
 
+import collections
 import json
 import types
+
+import pytest
+import pytest_projects
 
 from torchshard.testing._spmd_child import ChildRun
 
@@ -83,3 +87,52 @@ def test_an_item_owns_its_reports_and_the_collection_errors_above_it():
         assert concerns(above, "collect"), above
     assert not concerns("tests/core/test_other.py", "collect")
     assert not concerns("tests/co", "collect")  # a prefix of a name is not a folder above
+
+
+# A project that runs on pytest-xdist by its own addopts (every test on both workers), asks
+# for the plugin from its conftest, and is strict about markers and warnings.
+XDIST_PROJECT = {
+    "pytest.ini": (
+        "[pytest]\naddopts = -n 2 --dist each --strict-markers\nfilterwarnings = error\n"
+    ),
+    "conftest.py": 'pytest_plugins = ["torchshard"]\n',
+    "test_marked.py": """
+        import json
+        import os
+
+        import pytest
+
+
+        @pytest.mark.spmd(devices=[4, 8])
+        @pytest.mark.parametrize("k", range(3))
+        def test_counts(spmd_devices, k):
+            assert int(os.environ["CPU_NUM_DEVICES"]) == spmd_devices
+            with open(os.environ["RECORD"], "a") as f:
+                f.write(json.dumps([spmd_devices, k, os.getpid()]) + "\\n")
+    """,
+}
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("dist", ["each", "load"])
+def test_under_xdist_every_item_runs_once_per_worker_that_runs_it(tmp_path, dist):
+    """-n 2 --dist each: each worker runs every item, the items of its other count in one
+    child of its own, which runs them itself (before: the child inherited -n 2 --dist each and
+    ran each item on two workers of its own; and the spmd marker, unregistered when the
+    conftest asked for the plugin, failed --strict-markers at collection). -n 2 --dist load:
+    each item runs once, in the child of the worker it was sent to (before: each worker's
+    child ran every item of its count, so an item sent to one worker ran in both)."""
+    project = pytest_projects.write(tmp_path / "project", XDIST_PROJECT)
+    record = tmp_path / "record.jsonl"
+    env = pytest_projects.environment(HOME=str(project), RECORD=str(record))
+    run = pytest_projects.run(project, "-rfEs", f"--dist={dist}", env=env)
+    out = "\n".join(run.outlines + run.errlines)
+    assert run.ret == 0, out
+    workers = 2 if dist == "each" else 1  # the workers that run each item
+    run.assert_outcomes(passed=6 * workers)
+    runs = [tuple(r) for r in map(json.loads, record.read_text().splitlines())]
+    assert collections.Counter((count, k) for count, k, _ in runs) == {
+        (count, k): workers for count in (4, 8) for k in range(3)
+    }, out
+    if dist == "each":  # one child per worker for count 4, each ran its 3 items
+        assert len({pid for count, _, pid in runs if count == 4}) == 2

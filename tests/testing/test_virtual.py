@@ -47,13 +47,36 @@ def test_nesting_restores_the_outer_emulation():
     assert (ts.process_index(), ts.process_count()) == (0, 1)
 
 
-def test_the_emulation_is_process_wide():
-    seen = []
-    with virtual_hosts(4, process_index=2):
-        t = threading.Thread(target=lambda: seen.append(ts.process_index()), name="probe")
+def test_the_emulation_is_per_thread():
+    """Before: process-wide, so a thread that never entered it saw 4 hosts (and its plain
+    host_to_global_array was refused), and two threads with 2 and 4 hosts clashed."""
+    seen = {}
+    inside, release = threading.Barrier(3, timeout=30), threading.Event()
+
+    def emulate(hosts):
+        with virtual_hosts(hosts, process_index=hosts - 1), ts.Mesh(np.arange(8), ("data",)):
+            inside.wait()
+            blocks = [np.full((4, 3), h, np.float32) for h in range(hosts)]
+            g = host_to_global_array_per_host(blocks, partition=ts.P("data"))
+            seen[hosts] = (ts.process_count(), ts.process_index(), g.shape[0])
+            release.wait(30)
+
+    def bystander():
+        inside.wait()
+        with ts.Mesh(np.arange(8), ("data",)):
+            g = ts.host_to_global_array(np.zeros((8, 3), np.float32), partition=ts.P("data"))
+            seen["bystander"] = (ts.process_count(), ts.process_index(), g.shape[0])
+
+    threads = [threading.Thread(target=emulate, args=(n,), name=f"hosts-{n}") for n in (2, 4)]
+    for t in threads:
         t.start()
-        t.join(timeout=10)
-    assert seen == [2]
+    try:
+        bystander()
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert seen == {2: (2, 1, 8), 4: (4, 3, 16), "bystander": (1, 0, 8)}
 
 
 @pytest.mark.parametrize(

@@ -46,12 +46,24 @@ class DevicePiece:
 
 @dataclasses.dataclass(frozen=True)
 class HostPlan:
-    """The placement of one leaf: its split axes, global shape and each device's piece."""
+    """The placement of one leaf: its split axes, global shape and each device's piece.
+
+    ``local_shape`` is the block every host passes; where hosts pass blocks of different
+    shapes (``plan_hosts``), ``owner_shapes`` holds ``(host, its shape)`` for each and
+    ``local_shape`` is the first planned device's owner's."""
 
     axes: DimAxes
     global_shape: tuple[int, ...]
     local_shape: tuple[int, ...]
     pieces: tuple[DevicePiece, ...]
+    owner_shapes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def shape_of(self, owner: int) -> tuple[int, ...]:
+        """The shape of the block ``owner`` passes."""
+        for host, shape in self.owner_shapes:
+            if host == owner:
+                return shape
+        return self.local_shape
 
     @functools.cached_property
     def single_split(self) -> tuple[int, int] | None:
@@ -91,7 +103,9 @@ def infer_global_shape(
                 f"dim {i} is not process-uniform under {spec!r} on {mesh!r}: the hosts hold "
                 f"the shard sets {dict(sorted(f.sets.items()))} along it, which are not equal, "
                 "disjoint groups, so no global shape has one block per host. Choose a spec or "
-                "a mesh device order that follows host boundaries."
+                "a mesh device order that follows host boundaries, or give global_shape (as "
+                "in JAX: each host then passes its own part, whose size may differ from "
+                "host to host, or the whole dimension)."
             )
         out.append(n * f.count)
     shape = tuple(out)
@@ -106,14 +120,19 @@ def given_global_shape(
     local_shape: tuple[int, ...],
     global_shape: tuple[int, ...],
     device_process: tuple[int, ...],
-    processes: tuple[int, ...] | None = (),
+    processes: tuple[int, ...] | None = None,
 ) -> tuple[bool, ...]:
     """Checks a given global shape against a host block (JAX's
     ``make_array_from_process_local_data`` with ``global_shape``) and says, per dimension,
     whether the block covers the whole dimension (each host then slices what its devices
     need, by global index) rather than only its own part (its devices' distinct shards, in
-    order: the inferred case). Every host passes a block of ``local_shape``. ``processes``:
-    as for ``infer_global_shape``."""
+    order: the inferred case).
+
+    ``processes`` pass a block of ``local_shape`` (``None``: every host); their feeds are the
+    ones kept (as for ``infer_global_shape``). A host's own part along a dimension may have
+    another size than another host's (a mesh whose hosts hold 1, 2, 2 and 1 blocks of dim 0):
+    as in JAX, each host passes its own, so hosts may pass blocks of different shapes (plan
+    each group with its hosts' devices, ``plan_from_local``)."""
     check_device_process(mesh, device_process)
     if len(global_shape) != len(local_shape):
         raise ShardingError(
@@ -131,21 +150,21 @@ def given_global_shape(
             full.append(True)
             continue
         chunk = n // k
-        parts = sorted({size * chunk for size in f.distinct_sizes()})
-        if parts != [m]:
-            if len(parts) == 1:
-                # every host's part has one size: that of the host of the mesh's first device
-                held = len(f.held(device_process[int(mesh.devices.flat[0])]))
+        if processes is None:  # every host: one size each, else the per-host sizes
+            ok = [size * chunk for size in f.distinct_sizes()] == [m]
+            parts = {} if ok else {h: size * chunk for h, size in f.sizes().items()}
+        else:  # the planned hosts' own parts (O(their shards))
+            parts = {h: len(f.held(h)) * chunk for h in processes}
+            ok = set(parts.values()) == {m}
+        if not ok:
+            sizes = sorted(set(parts.values()))
+            if len(sizes) == 1:
+                held = sizes[0] // chunk if chunk else 0
                 own = (
-                    f"its own part, {held * chunk} ({held} distinct shard(s) of {chunk} on its "
-                    "devices)"
+                    f"its own part, {sizes[0]} ({held} distinct shard(s) of {chunk} on its devices)"
                 )
             else:
-                per_host = {h: size * chunk for h, size in sorted(f.sizes().items())}
-                own = (
-                    f"its own part (per host: {per_host}; they differ, so only the whole "
-                    "dimension serves every host)"
-                )
+                own = f"its own part (per host: {dict(sorted(parts.items()))})"
             raise ShardingError(
                 f"dim {i} of the host block has size {m}, but with global_shape {global_shape} "
                 f"a host passes along it either the whole dimension, {n} (each host then takes "
@@ -167,8 +186,9 @@ def plan_from_local(
 ) -> HostPlan:
     """The placement of a leaf whose every host passes a block of ``local_shape``.
 
-    ``devices`` lists the devices to plan for (a backend's local devices), in its order.
-    ``global_shape``: given (see ``given_global_shape``), else inferred. Raises
+    ``devices`` lists the devices to plan for (a backend's local devices), in its order; their
+    owners pass the block. ``global_shape``: given (see ``given_global_shape``: a host's own
+    part is checked against its own size), else inferred. Raises
     ``ShardingError`` subclasses without a tree path (callers add it); failures are not
     cached, successes are, so a steady input stream plans each leaf shape once.
     """
@@ -216,6 +236,23 @@ def plan_from_local(
             )
             pieces.append(DevicePiece(d, owner, cuts))
     return HostPlan(axes, global_shape, local_shape, tuple(pieces))
+
+
+def merge_plans(plans: Sequence[HostPlan], devices: Sequence[int]) -> HostPlan:
+    """One plan of a leaf whose hosts pass blocks of different shapes under a given global
+    shape (as in JAX, each host passes, per dimension, its own part, whose size may differ from
+    host to host, or the whole dimension): ``plans`` are ``plan_from_local``'s for each host's
+    own block over its own devices, merged in ``devices`` order."""
+    pieces = {p.device: p for plan in plans for p in plan.pieces}
+    owners = {p.owner: plan.local_shape for plan in plans for p in plan.pieces}
+    first = plans[0]
+    return HostPlan(
+        first.axes,
+        first.global_shape,
+        owners[pieces[devices[0]].owner],
+        tuple(pieces[d] for d in devices),
+        tuple(sorted(owners.items())),
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from torchshard._core.errors import NoMeshError
 from torchshard._core.mesh import Mesh
+from torchshard._core.topology import Provider, installed
 
 # An immutable tuple per context: a task that copies its creator's context shares nothing it
 # could mutate with it.
@@ -29,6 +30,15 @@ def current_mesh() -> Mesh | None:
     """The innermost mesh entered with ``with mesh:`` in this task or thread, or ``None``."""
     stack = _STACK.get()
     return stack[-1] if stack else None
+
+
+def current_mesh_of(backend: str) -> Mesh | None:
+    """The innermost mesh of the backend called ``backend`` current in this task or thread
+    (entered, or lent with ``thread_mesh``), or ``None``."""
+    for mesh in reversed(_STACK.get()):
+        if mesh.backend == backend:
+            return mesh
+    return None
 
 
 def require_mesh(caller: str) -> Mesh:
@@ -62,16 +72,21 @@ def pop(mesh: Mesh) -> Mesh | None:
 
 
 @contextlib.contextmanager
-def thread_mesh(mesh: Mesh) -> Iterator[Mesh]:
+def thread_mesh(mesh: Mesh, *, providers: tuple[Provider, ...] | None = None) -> Iterator[Mesh]:
     """Makes ``mesh`` current in this thread without telling its backend.
 
     For helper threads (a loader's prefetch thread) working for a thread that owns the mesh
     context. The backend's state is process-wide (torch_xla has one global mesh), so
     ``with mesh:`` in a helper thread would reset it to ``None`` when the helper exits, under
-    the feet of the thread that entered the mesh.
+    the feet of the thread that entered the mesh. ``providers``: the topology providers of the
+    thread it works for (``topology.providers()``, taken there: its ``virtual_hosts``),
+    installed for the block; ``None`` keeps this thread's own.
     """
-    push(mesh)
-    try:
-        yield mesh
-    finally:
-        pop(mesh)
+    with contextlib.ExitStack() as stack:
+        if providers is not None:
+            stack.enter_context(installed(providers))
+        push(mesh)
+        try:
+            yield mesh
+        finally:
+            pop(mesh)

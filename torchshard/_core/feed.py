@@ -151,6 +151,19 @@ def feed_read_config(partition: Any, *, mesh: Mesh | None = None) -> dict[str, i
     return {"num_shards": f.count, "shard_index": f.feed(topology.process_index)}
 
 
+def feed_processes(partition: Any, *, mesh: Mesh | None, caller: str) -> tuple[int, ...]:
+    """The processes that read this process's feed (``feed_read_config``'s shard), itself
+    included, ascending: the peers that hold the same block of dim 0 (a tp or cp axis the
+    partition does not split). Errors as ``feed_read_config``'s, naming ``caller``."""
+    mesh = resolve_mesh(mesh, caller)
+    spec = resolve_spec(partition, mesh, caller)
+    mine = feed_read_config(spec, mesh=mesh)["shard_index"]
+    dim0 = PartitionSpec(spec[0]) if len(spec) else PartitionSpec()
+    topology = process_topology(mesh, caller)
+    f = dim_feeds(mesh, dim_axes(mesh, dim0, 1), topology.device_process)[0]
+    return tuple(p for p in sorted(set(topology.device_process)) if f.feed(p) == mine)
+
+
 def feed_slices(
     partition: Any, global_shape: Any, *, mesh: Mesh | None = None
 ) -> tuple[slice, ...]:

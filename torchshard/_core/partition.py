@@ -109,7 +109,7 @@ def data_partition_type_to_spec(partition: Any) -> Any:
         ...     torchshard.data_partition_type_to_spec(
         ...         {"x": DataPartitionType.FULL, "y": DataPartitionType.BATCH}
         ...     )
-        {'x': P(('data', 'model'),), 'y': P(('data',), None)}
+        {'x': P(('data', 'model'),), 'y': P('data', None)}
     """
     if _is_partition_leaf(partition) or partition is None:
         return _one(partition)

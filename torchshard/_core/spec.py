@@ -45,7 +45,8 @@ def _canonical_entry(entry: Any, position: int) -> Entry:
                 f"PartitionSpec entry {position} must be None, an axis name or a tuple of axis "
                 f"names, but got {entry!r} (an element is not a str)."
             )
-        return tuple(entry)
+        # JAX: a tuple of one axis is that axis (P(("x",)) == P("x"), the same hash)
+        return entry[0] if len(entry) == 1 else tuple(entry)
     raise TypeError(
         f"PartitionSpec entry {position} must be None, an axis name or a tuple of axis names, "
         f"but got {entry!r} of type {type(entry).__name__}."
@@ -56,8 +57,9 @@ class PartitionSpec(tuple):
     """How each leading dimension of an array is split over the axes of a mesh.
 
     Entries are ``None`` (dimension not split), an axis name, or a tuple of axis names
-    (the dimension is split over their product, the first axis major). An empty tuple is
-    ``None``, as in JAX: ``P((), "x") == P(None, "x")``, with the same hash. A spec may be
+    (the dimension is split over their product, the first axis major). As in JAX, an empty
+    tuple is ``None`` and a tuple of one axis is that axis: ``P((), "x") == P(None, "x")`` and
+    ``P(("x",)) == P("x")``, with the same hashes. A spec may be
     shorter than the array's rank: the remaining dimensions are not split. An axis may be
     used at most once. ``PartitionSpec.UNCONSTRAINED`` (only for ``maybe_shard``) leaves a
     dimension to the compiler.

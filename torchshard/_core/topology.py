@@ -2,21 +2,24 @@
 this process supplies (the value, ``Topology``), and the emulations that stand in for a runtime.
 
 A mesh's backend reports its topology (torch_xla: ``xr.process_index()`` and friends; a bound
-mesh, ``torchshard.Mesh``, asks it). A *topology provider* may stand in for a backend,
-process-wide:
+mesh, ``torchshard.Mesh``, asks it). A *topology provider* may stand in for a backend:
 ``override_topology(topology, backend=...)`` installs one for the duration of a block (nests).
 ``torchshard.testing.virtual_hosts`` is such a provider: one real process then plays every
 host, and its topology says so (``data_hosts`` lists every host), so the production code reads
-each host's data from a list of per-host trees without knowing it is emulated. The override is
-process-wide (not per thread) because it describes the process, and a loader's background
-thread must see the same topology as the thread that made the loader.
+each host's data from a list of per-host trees without knowing it is emulated.
+
+Providers are per asyncio task or thread, like the mesh context (``_core/context.py``): a
+stack in a ``ContextVar``, so two threads (or tasks) may emulate 2 and 4 hosts at once, and a
+thread that installed none sees its runtime's topology. A helper thread working for another
+(a loader's thread) takes the providers of the thread it works for: ``providers()`` there,
+``installed(...)`` in the helper (``thread_mesh(mesh, providers=...)`` does both for a mesh).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
-import threading
 from collections.abc import Iterator
 
 
@@ -89,56 +92,64 @@ class Topology:
         return tuple(d for d, p in enumerate(self.device_process) if p == process)
 
 
-class _Overrides:
-    """The installed providers, innermost last: ``(backend name, topology)``."""
+Provider = tuple[str, Topology]  # (backend name, topology)
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.stack: list[tuple[str, Topology]] = []
-
-
-_OVERRIDES = _Overrides()
+# The installed providers of this task or thread, innermost last: an immutable tuple per
+# context (a task that copies its creator's context shares nothing it could mutate with it).
+_PROVIDERS: contextvars.ContextVar[tuple[Provider, ...]] = contextvars.ContextVar(
+    "torchshard_topology_providers", default=()
+)
 
 
 def emulated(backend: str) -> Topology | None:
-    """The innermost installed provider's topology when it stands in for ``backend``, else
-    ``None`` (the backend's own topology applies)."""
-    stack = _OVERRIDES.stack  # read without the lock (hot path): one list read, atomic
+    """The innermost provider's topology in this task or thread when it stands in for
+    ``backend``, else ``None`` (the backend's own topology applies)."""
+    stack = _PROVIDERS.get()  # the hot path: one ContextVar read
     if stack:
-        try:
-            name, topology = stack[-1]
-        except IndexError:  # emptied by another thread between the two reads
-            return None
+        name, topology = stack[-1]
         if name == backend:
             return topology
     return None
 
 
-def override() -> tuple[str, Topology] | None:
-    """The innermost installed provider, ``(backend name, topology)``; ``None`` when none is."""
-    stack = _OVERRIDES.stack
+def override() -> Provider | None:
+    """The innermost provider installed in this task or thread, ``(backend name, topology)``;
+    ``None`` when none is."""
+    stack = _PROVIDERS.get()
+    return stack[-1] if stack else None
+
+
+def providers() -> tuple[Provider, ...]:
+    """This task's or thread's providers, innermost last: what a helper thread working for it
+    installs (``installed``) to see the same topology."""
+    return _PROVIDERS.get()
+
+
+@contextlib.contextmanager
+def installed(lent: tuple[Provider, ...]) -> Iterator[None]:
+    """Makes ``lent`` (another thread's ``providers()``) this thread's providers for the
+    block, then restores its own."""
+    mine = _PROVIDERS.get()
+    _PROVIDERS.set(lent)
     try:
-        return stack[-1]
-    except IndexError:
-        return None
+        yield
+    finally:
+        _PROVIDERS.set(mine)
 
 
 @contextlib.contextmanager
 def override_topology(topology: Topology, *, backend: str = "xla") -> Iterator[Topology]:
-    """Installs ``topology`` process-wide, for meshes of ``backend``, for the duration of the
-    block (nests)."""
+    """Installs ``topology`` in this task or thread, for meshes of ``backend``, for the
+    duration of the block (nests)."""
     entry = (backend, topology)
-    with _OVERRIDES.lock:
-        _OVERRIDES.stack.append(entry)
+    _PROVIDERS.set((*_PROVIDERS.get(), entry))
     try:
         yield topology
     finally:
-        with _OVERRIDES.lock:
-            # Remove this very entry (the innermost occurrence), not the first equal one:
-            # Topology is a value type, and equal overrides may be nested or installed by
-            # other threads.
-            stack = _OVERRIDES.stack
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i] is entry:
-                    del stack[i]
-                    break
+        # Remove this very entry (the innermost occurrence), not the first equal one: Topology
+        # is a value type, and equal providers may be nested.
+        stack = _PROVIDERS.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is entry:
+                _PROVIDERS.set(stack[:i] + stack[i + 1 :])
+                break

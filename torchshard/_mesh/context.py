@@ -7,13 +7,14 @@ core's context (``torchshard._core.context``, a ``ContextVar``). ``exit`` restor
 mesh in the core's context, and judges the last call's deferred agreement check (DTensor).
 
 What torchshard guarantees: its own calls use the mesh of the task or thread that makes them
-(asyncio tasks that interleave ``with mesh:`` on one thread each see their own). A runtime's
-own current mesh may be process-wide (torch_xla's global mesh, ``Meshes.process_wide``): it
-is then the innermost mesh of the entry made last among the entries still open in the
-process, and leaving one restores it to the entry made last among those still open (not to
-``None`` while another thread is inside a mesh). So while threads are inside different
-meshes, torch_xla's ``xs.get_global_mesh()`` is the latest entry's for every thread: pass
-``mesh.xla_mesh`` to torch_xla's own calls explicitly there.
+(asyncio tasks that interleave ``with mesh:`` on one thread each see their own), and so do
+the runtime calls they make (they pass the mesh). A runtime's own current mesh may be
+process-wide (torch_xla's global mesh, ``Meshes.process_wide``): it is then the innermost mesh
+of the entry made last among the entries still open in the process, and leaving one restores
+it to the entry made last among those still open (not to ``None`` while another thread is
+inside a mesh). torch_xla's calls that read it when given no mesh read it through
+``xs.get_global_mesh()``, which torchshard makes per task or thread: each sees its own
+innermost mesh (``_backend/xla/mesh.py`` says where it cannot follow).
 
 ``current_topology`` is the topology of a mesh, of a named backend or of the process's
 default backend: an installed emulation's (``virtual_hosts``), else the runtime's.

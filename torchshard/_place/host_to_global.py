@@ -96,10 +96,7 @@ def host_to_global_array(
     # The hot path of a training loop: every frame counts here (after a transfer the caches
     # are cold), so the steps up to the engine are written out (docs/design.md, "Engine").
     if torch.compiler.is_compiling():  # torch.compile traces the call: place eagerly
-        with judged_in_the_call():  # the graph gets the result: no tensor that waits
-            return eagerly(host_to_global_array)(
-                host_arrays, partition=partition, global_shape=global_shape
-            )
+        return eagerly(_judged_in_the_call)(host_arrays, partition, global_shape)
     check_caller("host_to_global_array")
     mesh = current_mesh()
     if mesh is None:
@@ -194,3 +191,11 @@ def host_to_global_specs(
 
 def _has_shape_and_dtype(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _judged_in_the_call(host_arrays: Any, partition: Any, global_shape: Any) -> Any:
+    """``host_to_global_array`` with its agreement check judged in the call: run eagerly for a
+    call that torch.compile traces (the graph gets the result: no tensor that waits; the
+    context variable is set outside Dynamo's tracing)."""
+    with judged_in_the_call():
+        return host_to_global_array(host_arrays, partition=partition, global_shape=global_shape)

@@ -54,7 +54,7 @@ def plan_bytes(plan: HostPlan, itemsize: int) -> int:
     """The bytes of every device copy of one leaf's plan."""
     total = 0
     for piece in plan.pieces:
-        shape = list(plan.local_shape)
+        shape = list(plan.shape_of(piece.owner) if plan.owner_shapes else plan.local_shape)
         for dim, _start, length in piece.cuts:
             shape[dim] = length
         total += math.prod(shape) * itemsize

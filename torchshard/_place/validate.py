@@ -20,7 +20,13 @@ import torch
 
 from torchshard._backend.protocols import Backend
 from torchshard._core import checks
-from torchshard._core.blocks import HostPlan, SharedBlock, plan_from_local, shared_blocks
+from torchshard._core.blocks import (
+    HostPlan,
+    SharedBlock,
+    merge_plans,
+    plan_from_local,
+    shared_blocks,
+)
 from torchshard._core.errors import Float64Warning, ShardingError, TreeStructureError, at
 from torchshard._core.mesh import Mesh
 from torchshard._core.partition import DEFAULT_PARTITION, data_partition_type_to_spec
@@ -52,19 +58,28 @@ def validated_plan(mesh: Mesh, backend: Backend, topology: Topology, call: HostC
     check_local_owner(topology, devices)
     done = already_global(mesh, backend, call, specs, given)
     tensors = call.tensors = host_tensors(call, done)
-    check_host_leaves(call, tensors, done)
+    differ = check_host_leaves(call, tensors, done, given)
     if mesh.backend == "xla":
         warn_float64(tensors[0], paths)
     shapes = [tuple(t.shape) for t in tensors[0]]
-    if full and done:  # a global leaf is not a host batch
-        host = [i for i in range(n) if i not in done]
-        check_full_batch([paths.at(i) for i in host], [shapes[i] for i in host])
-    elif full:
-        check_full_batch(paths, shapes)
+    if full:  # under FULL each host's leaves share one batch size (hosts' shapes may differ)
+        for h, leaves in enumerate(tensors if differ else tensors[:1]):
+            where = call.paths[h]
+            sizes = shapes if h == 0 else [tuple(t.shape) for t in leaves]
+            if done:  # a global leaf is not a host batch
+                host = [i for i in range(n) if i not in done]
+                check_full_batch([where.at(i) for i in host], [sizes[i] for i in host])
+            else:
+                check_full_batch(where, sizes)
     plans: list[HostPlan | None] = []
     for i in range(n):
         if i in done:
             plans.append(None)
+            continue
+        if given[i] is not None and len(tensors) > 1:  # each host's block, over its devices
+            plans.append(
+                plan_hosts(mesh, backend, call, tensors, i, specs[i], given[i], topology, devices)
+            )
             continue
         plans.append(
             plan_leaf(mesh, backend, specs[i], shapes[i], given[i], topology, devices, paths.at(i))
@@ -132,6 +147,32 @@ def plan_leaf(
     return p
 
 
+def plan_hosts(
+    mesh: Mesh,
+    backend: Backend,
+    call: HostCall,
+    tensors: Sequence[Sequence[torch.Tensor]],
+    i: int,
+    spec: PartitionSpec,
+    given: tuple[int, ...] | None,
+    topology: Topology,
+    devices: tuple[int, ...],
+) -> HostPlan:
+    """The plan of leaf ``i``, whose hosts pass blocks of different shapes under the global
+    shape ``given`` (as in JAX: each its own part, or the whole dimension): each host's block
+    planned over its own devices (an error names that host's path), then merged."""
+    owners = topology.device_process
+    plans = []
+    for k, h in enumerate(topology.data_hosts):
+        mine = tuple(d for d in devices if owners[d] == h)
+        if mine:
+            shape = tuple(tensors[k][i].shape)
+            plans.append(
+                plan_leaf(mesh, backend, spec, shape, given, topology, mine, call.paths[k].at(i))
+            )
+    return merge_plans(plans, devices)
+
+
 def check_layout(backend: Backend, mesh: Mesh, axes: DimAxes) -> None:
     """Raises ``ShardingError`` (without a path) when ``backend`` cannot express the sharding
     ``axes`` on ``mesh`` (its ``LayoutLimits``; a backend without limits expresses every
@@ -152,25 +193,40 @@ def check_host_structures(call: HostCall) -> None:
 
 
 def check_host_leaves(
-    call: HostCall, tensors: Sequence[Sequence[torch.Tensor]], done: frozenset[int]
-) -> None:
-    """Every host must pass the first host's shape and dtype for each leaf (but the already
-    global ones, ``done``)."""
+    call: HostCall,
+    tensors: Sequence[Sequence[torch.Tensor]],
+    done: frozenset[int],
+    given: Sequence[tuple[int, ...] | None] | None = None,
+) -> frozenset[int]:
+    """Every host must pass the first host's dtype for each leaf (but the already global ones,
+    ``done``), and its shape unless the leaf's global shape is ``given`` (as in JAX, each host
+    then passes its own part, or the whole dimension, checked when planned). Returns the leaves
+    whose hosts pass blocks of different shapes."""
+    differ = set()
     for i in range(len(tensors[0])):
         if i in done:
             continue
         ref = tensors[0][i]
         for h in range(1, len(tensors)):
             t = tensors[h][i]
-            if t.shape != ref.shape or t.dtype != ref.dtype:
+            if t.dtype == ref.dtype and t.shape != ref.shape and given and given[i] is not None:
+                differ.add(i)
+            elif t.shape != ref.shape or t.dtype != ref.dtype:
+                hint = ""
+                if t.dtype == ref.dtype:
+                    hint = (
+                        " Hosts whose parts differ in size pass global_shape=: each host then "
+                        "passes its own part, or the whole dimension."
+                    )
                 raise ShardingError(
                     at(
                         call.paths[h][i],
                         f"every host must pass the same shape and dtype for a "
                         f"leaf; expected {tuple(ref.shape)} {ref.dtype} (host 0), got "
-                        f"{tuple(t.shape)} {t.dtype}.",
+                        f"{tuple(t.shape)} {t.dtype}.{hint}",
                     )
                 )
+    return frozenset(differ)
 
 
 def spec_tree_of(partition: Any) -> tuple[Any, bool]:

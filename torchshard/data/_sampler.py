@@ -151,8 +151,13 @@ class HostSampler(DistributedSampler[int]):
         self._sizes()
 
     def __len__(self) -> int:
-        self._sizes()
-        return self.num_samples
+        """This shard's examples of the whole epoch, as torch's ``DistributedSampler`` counts
+        them. A pass resumed mid-epoch yields the rest (as torchdata's ``StatefulDataLoader``
+        and Lightning count an epoch: Lightning sizes it by ``len()`` and ends a resumed one at
+        the loader's end); the count does not change while a pass runs, whose read-ahead
+        restarts the sampler at 0 at its end, at a moment that differs between processes."""
+        n, k = len(self.dataset), self.num_replicas  # type: ignore[arg-type]
+        return n // k if self.drop_last else len(range(self.rank, n, k))
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch (its own order); another epoch than the current starts at 0."""

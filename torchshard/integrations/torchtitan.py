@@ -12,12 +12,26 @@ batch: the processes that share a block share its state). torch.distributed.chec
 value per key, the state of one of the processes of each dp rank (its tp and cp peers read the
 same examples): each peer resumes from it.
 
-torchtitan is imported on first use.
+**Two torchtitan loaders.** torchtitan 0.3.0 feeds through ``ParallelAwareDataloader`` (a
+``StatefulDataLoader`` per dp rank, state ``{"dp_rank_<r>": pickled, "world_size": dp}``):
+``dataloader`` wraps it. torchtitan's main branch (pytorch/torchtitan#4088) replaced it with a
+grain pipeline (``GrainDataLoader``, state ``{"version": 1, "dp_world_size": dp,
+"dp_rank_<r>": ...}``) that refuses ``repeat=False`` with more than one dp rank ("ranks can
+exhaust at different steps and hang collectives") and resumes only on the same dp degree:
+``grain_dataloader`` is its loader protocol (``__iter__``, ``state_dict``/``load_state_dict`` in
+that layout, ``close``) with torchshard as the distributed layer: grain's ``ElasticIterator``
+over this process's feed, a ``GlobalBatchLoader`` whose ``last_batch`` ends every rank at the
+same step, and the job's position (a global index) in every entry, so a checkpoint resumes on
+another dp degree. Neither needs the other; only ``dataloader`` imports torchtitan (0.3.0's
+``BaseDataLoader``), ``grain_dataloader`` imports grain alone.
+
+torchtitan and grain are imported on first use.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +45,9 @@ from torchshard._mesh.mesh import Mesh
 from torchshard.data._loader.loader import GlobalBatchLoader
 
 DATALOADING_AXES = ("pp", "batch", "cp", "tp")
+GRAIN_STATE_VERSION = 1  # torchtitan main's GrainDataLoader state version
+
+logger = logging.getLogger(__name__)
 
 
 def dataloading_mesh(parallel_dims: Any) -> Mesh:
@@ -67,11 +84,25 @@ def _loader_class() -> type:
     class TorchshardDataLoader(base):
         """A torchtitan ``BaseDataLoader`` over a ``GlobalBatchLoader`` (``local=True``)."""
 
-        def __init__(self, loader: GlobalBatchLoader, dp_rank: int, dp_world_size: int) -> None:
+        def __init__(
+            self, loader: GlobalBatchLoader, dp_rank: int, dp_world_size: int, source: Any = None
+        ) -> None:
             self.loader = loader
             self.dp_rank = dp_rank
             self.dp_world_size = dp_world_size
             self._rank_id = f"dp_rank_{dp_rank}"
+            self._source = source
+
+        @property
+        def batch_size(self) -> Any:
+            """The source's ``batch_size`` (torchtitan's stock loader: its local batch size),
+            ``None`` where the source has none."""
+            return getattr(self._source, "batch_size", None)
+
+        @property
+        def num_workers(self) -> Any:
+            """The source's ``num_workers`` (``None`` where the source has none)."""
+            return getattr(self._source, "num_workers", None)
 
         def __iter__(self) -> Iterator[Any]:
             return iter(self.loader)
@@ -90,33 +121,57 @@ def _loader_class() -> type:
             }
 
         def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            """Loads this dp rank's entry. As torchtitan's own loader: an empty state is none
+            (nothing changes), and a state without this rank's key saved on the same dp degree
+            logs a warning and leaves this rank at the start of its feed. Saved on another dp
+            degree, this rank resumes from any rank's entry where the feed has a global
+            position (``host_sampler``'s), which ``GlobalBatchLoader.load_state_dict`` reads
+            (and refuses, naming why, for a feed whose position is per rank, such as the stock
+            loader's ``DistributedSampler``)."""
             if not state_dict:  # torchtitan loads an empty state when there is none
                 return
-            if self._rank_id not in state_dict:
-                raise ValueError(
-                    f"TorchshardDataLoader.load_state_dict: the state has no entry "
-                    f"{self._rank_id!r} for this process's dp rank (it has "
-                    f"{sorted(state_dict)}); it was saved by another loader or dp layout."
-                )
-            saved = state_dict.get("world_size")
-            if saved != self.dp_world_size:
-                raise ValueError(
-                    f"TorchshardDataLoader.load_state_dict: the state was saved with "
-                    f"{saved} dp shards, this loader has {self.dp_world_size}; resuming on "
-                    "another dp degree is not supported by this state layout."
-                )
-            where = f"TorchshardDataLoader.load_state_dict: state_dict[{self._rank_id!r}]"
-            try:
-                state = pickle.loads(state_dict[self._rank_id])
-            except Exception as e:  # truncated, garbage, or a class that no longer imports
-                raise ValueError(
-                    f"{where}: expected the pickled state of a GlobalBatchLoader, but it does "
-                    f"not unpickle ({type(e).__name__}: {e}); the checkpoint is truncated or "
-                    "corrupt. Load a complete checkpoint that this loader's state_dict() saved."
-                ) from e
+            key = _dp_key(state_dict, self._rank_id, state_dict.get("world_size"), self)
+            if key is None:
+                return
+            where = f"TorchshardDataLoader.load_state_dict: state_dict[{key!r}]"
+            state = _unpickle(state_dict[key], where)
             self.loader.load_state_dict(_peers_entry(state, self.loader._where()[0]))
 
     return TorchshardDataLoader
+
+
+def _dp_entries(state_dict: dict[str, Any]) -> list[str]:
+    return sorted(k for k in state_dict if isinstance(k, str) and k.startswith("dp_rank_"))
+
+
+def _dp_key(state_dict: dict[str, Any], rank_id: str, saved_world: Any, loader: Any) -> str | None:
+    """The key of ``state_dict`` this dp rank loads: its own; where it is missing, on the same
+    dp degree ``None`` (torchtitan's behaviour: a warning, and the rank starts afresh), on
+    another the first rank's entry (the loader resumes from the position every entry holds)."""
+    if rank_id in state_dict:
+        return rank_id
+    others = _dp_entries(state_dict)
+    if saved_world == loader.dp_world_size or not others:
+        logger.warning(
+            "DataLoader state is empty for dp rank %d, expected key %s (the state has %s); "
+            "this rank starts from the beginning of its feed, as torchtitan's own loader does",
+            loader.dp_rank,
+            rank_id,
+            sorted(map(str, state_dict)),
+        )
+        return None
+    return others[0]
+
+
+def _unpickle(blob: Any, where: str) -> Any:
+    try:
+        return pickle.loads(blob)
+    except Exception as e:  # truncated, garbage, or a class that no longer imports
+        raise ValueError(
+            f"{where}: expected the pickled state of a GlobalBatchLoader, but it does "
+            f"not unpickle ({type(e).__name__}: {e}); the checkpoint is truncated or "
+            "corrupt. Load a complete checkpoint that this loader's state_dict() saved."
+        ) from e
 
 
 def _peers_entry(state: Any, process: int) -> Any:
@@ -162,7 +217,9 @@ def dataloader(
     Returns:
         A ``TorchshardDataLoader`` (a ``torchtitan.components.dataloader.BaseDataLoader``),
         with ``dp_rank``, ``dp_world_size`` (from ``feed_read_config``), ``loader`` (the
-        ``GlobalBatchLoader``), ``state_dict``/``load_state_dict`` keyed by dp rank.
+        ``GlobalBatchLoader``), ``batch_size`` and ``num_workers`` (the source's),
+        ``state_dict``/``load_state_dict`` keyed by dp rank (a missing key: see
+        ``load_state_dict``).
 
     Raises:
         MissingDependencyError: torchtitan is not installed.
@@ -184,4 +241,160 @@ def dataloader(
     loader = GlobalBatchLoader(
         source, partition=partition, mesh=mesh, prefetch=prefetch, local=True
     )
-    return cls(loader, feed["shard_index"], feed["num_shards"])
+    return cls(loader, feed["shard_index"], feed["num_shards"], source)
+
+
+class TorchshardGrainDataLoader:
+    """torchtitan main's data-loader protocol (``GrainDataLoader``'s: ``__iter__`` yields the
+    trainer's batches, ``state_dict``/``load_state_dict`` in its layout, ``close``) over a
+    ``GlobalBatchLoader`` that reads grain's ``ElasticIterator`` on this process's feed.
+
+    Made by ``grain_dataloader``; ``loader`` is the ``GlobalBatchLoader``, ``dp_rank`` and
+    ``dp_world_size`` this process's shard of the batch (``feed_read_config``), ``batch_size``
+    the examples per step of this dp rank."""
+
+    def __init__(
+        self, loader: GlobalBatchLoader, dp_rank: int, dp_world_size: int, batch_size: int
+    ) -> None:
+        self.loader = loader
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.batch_size = batch_size
+        self._rank_id = f"dp_rank_{dp_rank}"
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torchtitan main's layout: ``{"version": 1, "dp_world_size": dp, "dp_rank_<r>":
+        ...}``, this rank's entry the pickled ``GlobalBatchLoader`` state (one opaque value per
+        key for torch.distributed.checkpoint), which holds the job's position (grain's global
+        index, the same on every rank). A collective: call it on every process, after the same
+        step (torchtitan's checkpointer does)."""
+        return {
+            "version": GRAIN_STATE_VERSION,
+            "dp_world_size": self.dp_world_size,
+            self._rank_id: pickle.dumps(self.loader.state_dict()),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resumes from a ``state_dict()`` saved on any dp degree: every entry holds the job's
+        position, so a rank whose key is missing (the job has more dp ranks than the one that
+        saved) reads it from another rank's entry. An empty state is none, as torchtitan's.
+
+        Raises:
+            ValueError: another state version, or a state without any ``dp_rank_<r>`` entry
+                (naming the keys it has); as ``GlobalBatchLoader.load_state_dict`` for an
+                entry saved over another pipeline.
+        """
+        if not state_dict:
+            return
+        version = state_dict.get("version")
+        if version != GRAIN_STATE_VERSION:
+            raise ValueError(
+                f"TorchshardGrainDataLoader.load_state_dict: unsupported state version "
+                f"{version!r}, expected {GRAIN_STATE_VERSION} (torchtitan main's GrainDataLoader "
+                "layout, which this loader's state_dict() saves)."
+            )
+        entries = _dp_entries(state_dict)
+        key = self._rank_id if self._rank_id in state_dict else None
+        if key is None and entries:
+            key = entries[0]
+        if key is None:
+            raise ValueError(
+                f"TorchshardGrainDataLoader.load_state_dict: checkpoint is missing dataloader "
+                f"state for {self._rank_id} and has no other dp rank's (it has "
+                f"{sorted(map(str, state_dict))}); load the state this loader's state_dict() "
+                "saved on every rank."
+            )
+        where = f"TorchshardGrainDataLoader.load_state_dict: state_dict[{key!r}]"
+        state = _unpickle(state_dict[key], where)
+        self.loader.load_state_dict(_peers_entry(state, self.loader._where()[0]))
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def grain_dataloader(
+    dataset: Any,
+    /,
+    *,
+    global_batch_size: int,
+    parallel_dims: Any = None,
+    mesh: Mesh | None = None,
+    partition: PartitionSpec | None = None,
+    last_batch: str = "drop",
+    prefetch: int = 2,
+    read_options: Any = None,
+) -> TorchshardGrainDataLoader:
+    """torchtitan main's grain loader with torchshard as its distributed layer: a map-style
+    grain pipeline read through grain's ``ElasticIterator`` on this process's feed, whose
+    ranks end together on finite data and whose checkpoint resumes on another dp degree.
+
+    torchtitan's own ``GrainDataLoader`` slices a globally shuffled ``MapDataset`` per dp rank
+    and refuses ``repeat=False`` with dp > 1; here the same ``MapDataset`` (not sliced, not
+    batched) is sharded by the mesh (``torchshard.integrations.grain.elastic_iterator``: the
+    tp/cp/pp peers of a dp rank read its rows, grain's global index is the position), and a
+    ``GlobalBatchLoader`` (``local=True``) makes every rank stop at the same step where the
+    shards run out unevenly (``last_batch``).
+
+    Args:
+        dataset: a ``grain.MapDataset`` of the trainer's samples (``(input_dict, labels)``
+            pairs of fixed shapes, numpy or tensors; grain stacks them into batches, which
+            arrive as tensors), unbatched and unsharded: shuffle it first
+            (``dataset.shuffle(seed)``), ``repeat()`` it for an endless run. No ``filter``
+            (grain's ``ElasticIterator`` refuses it: a global index must mean one sample).
+        global_batch_size: samples per step over every dp rank (divisible by the dp degree).
+        parallel_dims, mesh: torchtitan's ``ParallelDims`` (its data-loading mesh), or a
+            ``torchshard.Mesh``; exactly one.
+        partition: the batch's spec; default ``P("batch")`` on the data-loading mesh, else
+            ``P(<the mesh's first axis>)``.
+        last_batch: ``"drop"`` (default: every rank stops at the first step some rank's
+            shard cannot fill), ``"pad"`` (every rank runs to the longest shard and yields
+            ``(batch, mask)``), or ``"error"``; see ``GlobalBatchLoader``.
+        prefetch: as for ``GlobalBatchLoader``.
+        read_options: grain's ``ReadOptions``.
+
+    Returns:
+        A ``TorchshardGrainDataLoader``.
+
+    Raises:
+        MissingDependencyError: grain is not installed. TypeError: ``dataset`` not a
+        ``grain.MapDataset`` (naming the fix for torchtitan's iterable pipelines), neither or
+        both of ``parallel_dims`` and ``mesh``. ValueError: as grain's ``ElasticIterator`` (a
+        ``filter``; a ``global_batch_size`` not divisible by the dp degree).
+    """
+    grain = require("grain", "torchshard.integrations.torchtitan", extra="grain")
+    if not isinstance(dataset, grain.MapDataset):
+        raise TypeError(
+            "grain_dataloader: expected a grain.MapDataset (torchtitan's map-style pipeline, "
+            f"unbatched and not sliced per dp rank), but got {type(dataset).__name__}. "
+            "torchtitan's iterable pipelines (packing, streams) are built per dp rank: batch "
+            "this rank's and pass it to torchshard.integrations.torchtitan.dataloader(source, "
+            "...), whose ranks end together as well but resume on the same dp degree only."
+        )
+    if (parallel_dims is None) == (mesh is None):
+        raise TypeError(
+            "grain_dataloader: pass exactly one of parallel_dims (torchtitan's ParallelDims: "
+            "its data-loading mesh) and mesh (a torchshard.Mesh), but got "
+            f"{'both' if mesh is not None else 'neither'}."
+        )
+    if mesh is None:
+        mesh = dataloading_mesh(parallel_dims)
+    if partition is None:
+        axis = "batch" if "batch" in mesh.axis_names else mesh.axis_names[0]
+        partition = PartitionSpec(axis)
+    from torchshard.integrations.grain import elastic_iterator
+
+    source = elastic_iterator(
+        dataset, global_batch_size, partition, mesh=mesh, read_options=read_options
+    )
+    feed = feed_read_config(partition, mesh=mesh)
+    loader = GlobalBatchLoader(
+        source, partition=partition, mesh=mesh, prefetch=prefetch, local=True, last_batch=last_batch
+    )
+    per_rank = global_batch_size // feed["num_shards"]
+    return TorchshardGrainDataLoader(loader, feed["shard_index"], feed["num_shards"], per_rank)

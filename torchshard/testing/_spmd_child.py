@@ -6,9 +6,13 @@ failure text, skip reason or xfail) as its own. One child runs every item of a c
 ``ChildRun`` of count N to run starts ``python -m pytest <node ids> --spmd-devices=N`` in the
 project's root with the node ids of all the session's ``ChildRun`` items of that count, where
 they match the child's count and run directly; the others of that count read its reports (a
-child interpreter costs torch's and torch_xla's imports, seconds). The child writes its test
-reports as JSON lines (``--spmd-report``, ``ChildReportWriter``). No fixture of the items is
-set up in this process.
+child interpreter costs torch's and torch_xla's imports, seconds). Under pytest-xdist the
+items of the count are those this worker is still to run (all of them with ``--dist each``; with
+``load`` and its kin, those queued for it, and an item sent later starts a child for the count's
+items queued by then; with ``worksteal``, whose queued items may move to another worker, the
+item alone): no item runs in two workers' children. The child writes its test reports as JSON
+lines (``--spmd-report``, ``ChildReportWriter``). No fixture of the items is set up in this
+process.
 """
 
 from __future__ import annotations
@@ -30,15 +34,18 @@ _TAIL = 60  # lines of the child's output shown when it ran no test
 
 @dataclass(frozen=True)
 class _Child:
-    """One child run: its command, its exit status and output, and its reports."""
+    """One child run: the node ids it ran, its command, its exit status and output, and its
+    reports."""
 
+    targets: list[str]
     command: list[str]
     returncode: int
     output: str
     records: list[dict[str, Any]]
 
 
-_CHILDREN = pytest.StashKey[dict[int, _Child]]()  # the session's child runs, by device count
+# The session's (or xdist worker's) child runs, by device count.
+_CHILDREN = pytest.StashKey[dict[int, list[_Child]]]()
 
 
 class ChildRun(pytest.Item):
@@ -74,15 +81,39 @@ class ChildRun(pytest.Item):
     def reportinfo(self) -> Any:
         return self._where
 
-    def _batch(self) -> list[str]:
-        """The node ids the child of this item's count runs: every ``ChildRun`` of the session
-        with that count, in the session's order (this one included)."""
+    def _pending(self) -> list[pytest.Item]:
+        """The items this process runs from this one on: the session's, or under pytest-xdist
+        those its worker was sent and has not run yet (this one alone where that queue cannot
+        be read, or may be stolen by another worker: ``--dist worksteal``)."""
+        config = self.config
+        if not hasattr(config, "workerinput"):  # no xdist worker: the session runs every item
+            return list(self.session.items)
+        if config.getoption("dist", None) == "worksteal":
+            return [self]
+        for plugin in config.pluginmanager.get_plugins():
+            torun = getattr(plugin, "torun", None)
+            if type(plugin).__name__ != "WorkerInteractor" or torun is None:
+                continue
+            try:
+                with torun.lock() as queue:
+                    indices = [plugin.item_index, plugin.nextitem_index, *queue]
+            except (AttributeError, TypeError):  # another xdist: a child per item, still once
+                return [self]
+            items = self.session.items
+            return [items[i] for i in indices if type(i) is int and 0 <= i < len(items)]
+        return [self]
+
+    def _batch(self, done: set[str]) -> list[str]:
+        """The node ids the child of this item's count runs: the ``ChildRun`` items of that
+        count this process runs from this one on, in their order, less those a child ran
+        (``done``)."""
         targets = [
             item.target
-            for item in self.session.items
+            for item in self._pending()
             if isinstance(item, ChildRun) and item.devices == self.devices
         ]
-        return targets if self.target in targets else [*targets, self.target]
+        targets = list(dict.fromkeys(t for t in targets if t not in done))
+        return targets if self.target in targets else [self.target, *targets]
 
     def _command(self, targets: list[str], report: str, basetemp: str) -> list[str]:
         config = self.config
@@ -96,23 +127,29 @@ class ChildRun(pytest.Item):
                 cmd += ["-p", plugin]
         for w in config.known_args_namespace.pythonwarnings or ():
             cmd += ["-W", w]
+        if config.pluginmanager.hasplugin("xdist"):
+            # One process: this run (or its xdist worker) already spreads the items; the
+            # project's addopts (-n 2 --dist each) would start workers of the child's own,
+            # each running (--dist each: all of) its items again and writing the reports.
+            cmd += ["-n", "0", "--dist", "no"]
         return cmd
 
     def _child(self) -> _Child:
-        """The child run of this item's count: started by the first item of the count to run,
-        read by the others."""
-        children = self.config.stash.setdefault(_CHILDREN, {})
-        child = children.get(self.devices)
-        if child is not None and self.target in child.command:
-            return child
-        # The first of its count (or one the batch left out): a child for the count's items.
-        targets = self._batch() if child is None else [self.target]
+        """The child run of this item's count: started by the first item of the count to run
+        (for every item of the count this process is still to run), read by the others."""
+        children = self.config.stash.setdefault(_CHILDREN, {}).setdefault(self.devices, [])
+        for child in children:
+            if self.target in child.targets:
+                return child
+        # The first of its count, or one no child ran (an xdist worker was sent it later).
+        targets = self._batch({t for child in children for t in child.targets})
         with tempfile.TemporaryDirectory(prefix="torchshard-spmd-") as tmp:
             report = os.path.join(tmp, "reports.jsonl")
             cmd = self._command(targets, report, os.path.join(tmp, "basetemp"))
             proc = subprocess.run(
                 cmd,
                 cwd=self.config.rootpath,
+                stdin=subprocess.DEVNULL,  # an xdist worker's stdin is its channel to the run
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -122,8 +159,8 @@ class ChildRun(pytest.Item):
             if os.path.exists(report):
                 with open(report) as f:
                     records = [json.loads(line) for line in f if line.strip()]
-        found = _Child(cmd, proc.returncode, proc.stdout, records)
-        children.setdefault(self.devices, found)
+        found = _Child(targets, cmd, proc.returncode, proc.stdout, records)
+        children.append(found)
         return found
 
     def _concerns(self, record: dict[str, Any]) -> bool:

@@ -73,12 +73,13 @@ def is_virtual() -> bool:
 
 @contextlib.contextmanager
 def virtual_hosts(num_hosts: int, *, process_index: int = 0) -> Iterator[Topology]:
-    """Emulates ``num_hosts`` hosts in this process (process-wide, nests).
+    """Emulates ``num_hosts`` hosts in this thread or asyncio task (nests).
 
-    Process-wide, like the runtime's own topology it stands in for: while it is active, every
-    thread and asyncio task of the process sees ``num_hosts`` hosts (another thread's plain
-    ``host_to_global_array`` call is refused as inside it). Enter it from one place, around
-    the whole multi-host part of a test, not from concurrent threads.
+    Per thread and per task, like ``with mesh:``: another thread sees its own topology (the
+    runtime's, or its own ``virtual_hosts``), so threads may emulate different host counts at
+    once, and a task sees the emulation of the code that created it. A ``GlobalBatchLoader``'s
+    thread sees the emulation of the thread that started its epoch (``iter()``), as it sees
+    its mesh.
 
     Inside, ``torchshard.host_to_global_array`` refuses a single tree (this process holds every
     host's devices, so it needs every host's data): use ``host_to_global_array_per_host`` and

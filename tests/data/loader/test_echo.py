@@ -1,13 +1,15 @@
-"""DataLoader workers that echo one stream (torchshard.data._loader.echo): the
-``ShardingError`` at the first batch when a DataLoader's workers all read the whole stream, on
-torch_xla and on every gloo process at the same batch; map-style sources and one worker are not
-checked."""
+"""Copies of a stream that echo each other (torchshard.data._loader.echo): the
+``ShardingError`` at the first batch when a DataLoader's workers all read the whole stream, or
+when processes (virtual hosts) that hold different blocks all read it, on torch_xla and on every
+gloo process at the same batch; map-style sources and one worker are not checked, nor tp peers
+(one block), nor equal batches said to be meant (``allow_equal_batches``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from _loader_cases import kept
 from torch.utils.data import DataLoader, IterableDataset
 
 import torchshard as ts
@@ -17,10 +19,13 @@ CASES = "_loader_cases:"
 
 
 class Unsplit(IterableDataset):
-    """A stream every copy reads whole."""
+    """A stream every copy reads whole (ids from ``offset``)."""
+
+    def __init__(self, offset=0):
+        self.offset = offset
 
     def __iter__(self):
-        for i in range(32):
+        for i in range(self.offset, self.offset + 32):
             yield {"id": np.int64(i), "x": np.full(2, i, np.float32)}
 
 
@@ -89,3 +94,72 @@ def test_gloo_workers_that_read_the_same_stream_raise_on_every_process(pools):
         )
         assert r["got"] == []
         assert r["after"] == (2, 2)  # every process raised at the same batch: still in step
+
+
+FEED_ECHO = (
+    "GlobalBatchLoader: batch 0: process 0 (feed 0) and process 1 (feed 1) passed the same "
+    "first batch, but under {spec} they hold different blocks of it: each reads the whole "
+    "stream (nothing split it by process)"
+)
+
+
+def test_hosts_of_different_blocks_that_read_one_stream_raise_at_the_first_batch(mesh8):
+    from torchshard.testing import global_batch_loader_per_host, virtual_hosts
+
+    def loader(**kw):
+        sources = [DataLoader(Unsplit(), batch_size=4) for _ in range(2)]
+        return global_batch_loader_per_host(sources, partition=ts.P("data"), prefetch=0, **kw)
+
+    with virtual_hosts(2), mesh8:
+        with pytest.raises(ts.ShardingError) as e:
+            next(iter(loader()))
+        assert str(e.value).startswith(FEED_ECHO.format(spec="P('data',)"))
+        assert "allow_equal_batches=True" in str(e.value)
+        # replicas meant: said so, every batch as it comes
+        assert len(list(loader(allow_equal_batches=True))) == 8
+        # a map-style source is not checked (its sampler splits it)
+        rows = [torch.arange(4) for _ in range(2)]
+        same = global_batch_loader_per_host([rows, rows], partition=ts.P("data"), prefetch=0)
+        assert len(list(same)) == 2
+    # tp peers hold one block: their equal batches are right (hosts 0, 1 and 2, 3 on dp x tp)
+    mesh = ts.Mesh(np.arange(8).reshape(2, 4), ("dp", "tp"))
+    with virtual_hosts(4), mesh:
+        sources = [DataLoader(Unsplit(), batch_size=4) for _ in range(2)]
+        sources += [DataLoader(Unsplit(offset=100), batch_size=4) for _ in range(2)]
+        peers = global_batch_loader_per_host(sources, partition=ts.P("dp"), prefetch=0)
+        assert len(list(peers)) == 8
+        sources[2:] = [DataLoader(Unsplit(), batch_size=4) for _ in range(2)]  # feed 0's
+        echoed = global_batch_loader_per_host(sources, partition=ts.P("dp"), prefetch=0)
+        with pytest.raises(ts.ShardingError, match=r"process 0 \(feed 0\) and process 2"):
+            next(iter(echoed))
+
+
+def test_the_feed_check_compares_feeds_not_hosts():
+    same = [("0:abc", [0, 1]), ("1:abc", [2])]
+    error = echo.feed_echo_error(same, spec=ts.P("dp"), batch=3)
+    assert error is not None and str(error).startswith(
+        "GlobalBatchLoader: batch 3: process 0 (feed 0) and process 2 (feed 1)"
+    )
+    assert echo.feed_echo_error([("0:abc", [0]), ("1:def", [1])], spec=ts.P(), batch=0) is None
+    assert echo.is_stream(DataLoader(Unsplit())) and echo.is_stream(Unsplit())
+    assert not echo.is_stream(DataLoader(list(range(4)))) and not echo.is_stream([1, 2])
+
+
+@pytest.mark.parametrize("policy", ["error", "pad"])
+def test_gloo_processes_that_read_one_stream_raise_on_every_process(pools, policy):
+    results = pools(2).run(CASES + "stream_unsplit", policy=policy, allow=False)
+    for r in results:
+        assert r["error"].startswith("ShardingError: " + FEED_ECHO.split(", but under")[0]), r[
+            "error"
+        ]
+        assert "allow_equal_batches=True" in r["error"]
+        assert r["got"] == []
+        assert r["after"] == (2, 2)  # every process raised at the same batch: still in step
+    meant = pools(2).run(CASES + "stream_unsplit", policy=policy, allow=True)
+    assert [r["error"] for r in meant] == ["no error"] * 2
+    ids = [i for i in range(16) if kept(i)][: 12 if policy == "error" else None]
+    assert sorted(meant[0]["got"]) == sorted(2 * ids)  # every example twice: meant
+    if policy == "pad":  # split by process (uneven lengths): not flagged
+        split = pools(2).run(CASES + "stream_unsplit", policy=policy, allow=False, split=True)
+        assert [r["error"] for r in split] == ["no error"] * 2
+        assert sorted(split[0]["got"]) == [i for i in range(16) if kept(i)]

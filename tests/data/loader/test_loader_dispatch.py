@@ -394,7 +394,7 @@ def test_a_dispatcher_with_more_feeds_than_hosts_is_refused(mesh8):
 
     bad = ts.InputDispatcher(4, num_physical_feeds=2, physical_feed_index=0)
     msg = (
-        "GlobalBatchLoader: batch 0: under partition P(('data',),), dim 0 of batch['id'] holds 1 "
+        "GlobalBatchLoader: batch 0: under partition P('data',), dim 0 of batch['id'] holds 1 "
         "per-host block, but the dispatcher's physical batch is 2 blocks of 4 rows "
         "(num_physical_feeds=2), 8 rows in all. Set the dispatcher's num_physical_feeds to 1 "
         "(one feed per host; the default is process_count())."

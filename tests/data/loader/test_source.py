@@ -3,6 +3,7 @@
 ``set_epoch`` reaches the source's sampler (or the source), so a new epoch has a new order.
 No mesh is needed for any of them."""
 
+import importlib.util
 import re
 
 import pytest
@@ -89,7 +90,8 @@ def test_a_source_without_an_epoch_raises():
         TypeError,
         match=re.escape(
             "GlobalBatchLoader.set_epoch(1): the source (DataLoader) has no set_epoch, and "
-            "neither has its sampler or batch_sampler, so its order cannot change per epoch."
+            "neither has its sampler, batch_sampler or dataset, so its order cannot change per "
+            "epoch."
         ),
     ):
         ts.GlobalBatchLoader(source).set_epoch(1)
@@ -98,3 +100,52 @@ def test_a_source_without_an_epoch_raises():
             TypeError, match=re.escape(f"set_epoch: epoch must be an int >= 0, but got {bad!r}.")
         ):
             ts.GlobalBatchLoader(EpochSource()).set_epoch(bad)
+
+
+class EpochStream(torch.utils.data.IterableDataset):
+    """A stream whose order depends on its epoch (HF's ``IterableDataset`` seeds its shuffle
+    buffer and shard order so)."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.epoch)
+        yield from torch.randperm(8, generator=g).tolist()
+
+
+def test_set_epoch_reaches_a_streams_dataset():
+    # A DataLoader over a stream has an _InfiniteConstantSampler (no set_epoch): the epoch
+    # goes to the dataset, which the workers copy at iter() (was: TypeError).
+    stream = EpochStream()
+    loader = ts.GlobalBatchLoader(DataLoader(stream, batch_size=4, num_workers=0))
+    loader.set_epoch(3)
+    assert stream.epoch == 3
+    assert [x.tolist() for x in DataLoader(stream, batch_size=4)] == [
+        torch.randperm(8, generator=torch.Generator().manual_seed(3))[i : i + 4].tolist()
+        for i in (0, 4)
+    ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="needs HF datasets")
+def test_set_epoch_reaches_an_hf_stream_as_hfs_own_set_epoch_does():
+    from datasets import Dataset
+
+    def stream():
+        rows = Dataset.from_dict({"id": list(range(24))}).to_iterable_dataset(num_shards=4)
+        return rows.shuffle(seed=7, buffer_size=8)
+
+    ours = stream()
+    loader = ts.GlobalBatchLoader(DataLoader(ours, batch_size=6))
+    oracle = stream()
+    orders = []
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        oracle.set_epoch(epoch)  # the oracle: HF's own epoch on its own stream
+        got = [int(i) for b in DataLoader(ours, batch_size=6) for i in b["id"]]
+        assert got == [row["id"] for row in oracle]
+        orders.append(got)
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1]) == list(range(24))

@@ -55,6 +55,23 @@ def xr() -> Any:
     return xr
 
 
+def replace_get_global_mesh(reader: Callable[[], Any]) -> Callable[[], Any]:
+    """Makes ``reader`` torch_xla's ``get_global_mesh``, where torch_xla's own calls and the
+    program look it up when they run; returns torch_xla's own.
+
+    torch_xla 2.9: ``xla_sharding.get_global_mesh()`` returns the module global
+    ``_GLOBAL_MESH``; ``torch_xla.distributed.spmd`` re-exports it (``xs.get_global_mesh()``,
+    FSDPv2, the Pallas kernels read it there), and ``enable_manual_sharding`` and
+    ``disable_manual_sharding`` call it by its name in ``xla_sharding``."""
+    spmd = xs()
+    import torch_xla.distributed.spmd.xla_sharding as sharding
+
+    original: Callable[[], Any] = sharding.get_global_mesh
+    sharding.get_global_mesh = reader
+    spmd.get_global_mesh = reader
+    return original
+
+
 def device_id(name: str) -> int:
     m = _DEVICE_RE.match(name)
     if m is None:

@@ -11,29 +11,40 @@ A source that reads a map-style dataset through ``torchshard.host_sampler`` (``s
 can also be resumed from its position in the epoch's global order alone (``Position``), on any
 number of hosts.
 
+A grain dataset or ``DataLoader`` (``iterator_stateful``) keeps its state in the iterator each
+``iter()`` makes: the loader snapshots that iterator (``holder``) and loads a saved state into
+the next one.
+
 **The loader's state** (``build``/``parse``): one entry per process, ``"process_<i>"`` (what
 ``torch.distributed.checkpoint`` keeps one of per key), holding the sources' states (pickled:
 one opaque value per source, so the checkpoint's keys do not depend on what a source's state
 holds) and the index of the next batch; and one entry all processes share, ``"common"``: the
-loader's kind, how many processes and data hosts saved it, and the epoch's global position
-when the sources are ``host_sampler``'s (with the samplers' shard count, ``"shards"``: a state
-saved over another count resumes from the position, even on as many processes).
+loader's kind, how many processes and data hosts saved it, the epoch's global position when
+the sources are ``host_sampler``'s (with the samplers' shard count, ``"shards"``: a state saved
+over another count resumes from the position, even on as many processes), and the job's
+position when they are elastic (``elastic.py``). States saved before ``"shards"`` or
+``"elastic"`` was kept load as without them.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from torchshard.data._loader.elastic import check as elastic_check
+from torchshard.data._loader.elastic import elastic as is_elastic
+from torchshard.data._loader.elastic import kind as elastic_kind
 from torchshard.data._sampler import HostSampler
 
 COMMON = "common"
 KIND = "GlobalBatchLoader"
 COMMON_KEYS = (
     "consumed",
+    "elastic",
     "epoch",
     "hosts",
     "loader",
@@ -43,8 +54,9 @@ COMMON_KEYS = (
     "shards",
     "shuffle",
 )
-# States saved before ``"shards"`` was kept load as saved over an unknown shard count.
-OLD_COMMON_KEYS = tuple(k for k in COMMON_KEYS if k != "shards")
+# Keys a state saved by an earlier release may lack (it loads as if they were None: an unknown
+# shard count, no job position).
+ADDED_COMMON_KEYS = ("elastic", "shards")
 
 
 def process_key(index: int) -> str:
@@ -67,6 +79,32 @@ def stateful(source: Any) -> bool:
     return _methods(source) is not None
 
 
+# grain's datasets and DataLoader: each iter() makes an iterator that holds the position
+# (get_state/set_state), the dataset or loader itself has none.
+_ITERATOR_STATE_KINDS = ("MapDataset", "IterDataset", "DataLoader")
+
+
+def iterator_stateful(source: Any) -> bool:
+    """Whether ``source``'s position lives in the iterators it makes (grain's ``MapDataset``,
+    ``IterDataset`` and ``DataLoader``), not in itself."""
+    if stateful(source):
+        return False
+    return any(
+        k.__module__.split(".")[0] == "grain" and k.__name__ in _ITERATOR_STATE_KINDS
+        for k in type(source).__mro__
+    )
+
+
+def holder(source: Any, iterator: Any) -> Any:
+    """What holds ``source``'s state while ``iterator`` (its current ``iter()``) runs: the source
+    itself, or the iterator of an iterator-stateful source; ``None``: neither."""
+    if stateful(source):
+        return source
+    if iterator_stateful(source) and stateful(iterator):
+        return iterator
+    return None
+
+
 def sampler_of(source: Any) -> HostSampler | None:
     """The ``HostSampler`` that orders ``source``'s examples (a DataLoader's ``sampler``, or its
     ``batch_sampler``'s), if any."""
@@ -81,7 +119,7 @@ def sampler_of(source: Any) -> HostSampler | None:
 
 def checkpointable(source: Any) -> bool:
     """Whether a loader over ``source`` can save and restore its position."""
-    return stateful(source) or sampler_of(source) is not None
+    return stateful(source) or iterator_stateful(source) or sampler_of(source) is not None
 
 
 def capture(source: Any) -> Any:
@@ -164,7 +202,7 @@ def decode(blob: Any, where: str, source: Any) -> Any:
             "a source's state means something only to a source of its kind and configuration. "
             "Load the state into a loader over the same kind of source, configured alike."
         )
-    if not stateful(source):
+    if not (stateful(source) or iterator_stateful(source)):
         raise TypeError(
             f"{where}: a saved source state, but this loader's source ({type(source).__name__}) "
             "has no state_dict()/load_state_dict() or get_state()/set_state() to load it into."
@@ -212,11 +250,19 @@ def build(
     processes: int,
     hosts: int,
     position: Position | None,
+    job: dict[str, Any] | None = None,
+    parts: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """The loader's state: this process's entry and the common one."""
+    """The loader's state: this process's entry and the common one. ``job``: the elastic
+    sources' position, gathered from every process (``elastic.gather``); ``parts``: this
+    process's parts of it, kept in its entry where the processes could not exchange them."""
     blobs = [encode(src, s) for src, s in zip(sources, states, strict=True)]
     mine: dict[str, Any] = {"sources": blobs} if per_host else {"source": blobs[0]}
     mine["next_batch"] = next_batch
+    # JSON text: one opaque value each (torch.distributed.checkpoint loads the keys of a fresh
+    # loader's state, whose elastic entries are None, not the saved dicts' keys).
+    if job is None and parts is not None:
+        mine["elastic"] = json.dumps(parts, sort_keys=True)
     common = {
         "loader": KIND,
         "processes": processes,
@@ -226,6 +272,7 @@ def build(
         "num_examples": None if position is None else position.num_examples,
         "seed": None if position is None else position.seed,
         "shuffle": None if position is None else position.shuffle,
+        "elastic": None if job is None else json.dumps(job, sort_keys=True),
         "shards": None if position is None else position.shards,
     }
     return {process_key(process): mine, COMMON: common}
@@ -235,7 +282,9 @@ def build(
 class Loaded:
     """A parsed state: ``states`` per source (``None`` where a source restarts from the
     position), ``next_batch``, the saved ``position``, and whether it was saved on another
-    number of hosts (``resized``: every source restarts from ``position``)."""
+    number of hosts (``resized``: every source restarts from ``position``, or from ``job``, the
+    elastic sources' position; also when this process's entry is missing from a state whose
+    common entry can resume it, as Lightning saves rank 0's alone)."""
 
     states: list[Any]
     next_batch: int
@@ -243,6 +292,7 @@ class Loaded:
     resized: bool
     saved_processes: int
     saved_hosts: int
+    job: dict[str, Any] | None = None
 
 
 def _kind_error(state_dict: Any) -> Exception:
@@ -301,7 +351,7 @@ def parse(
     common = state_dict.get(COMMON) if isinstance(state_dict, dict) else None
     if not isinstance(common, dict) or common.get("loader") != KIND:
         raise _kind_error(state_dict)
-    if set(common) not in (set(COMMON_KEYS), set(OLD_COMMON_KEYS)):
+    if not set(COMMON_KEYS) - set(ADDED_COMMON_KEYS) <= set(common) <= set(COMMON_KEYS):
         raise ValueError(
             f"state_dict['common']: expected the keys {list(COMMON_KEYS)}, but got "
             f"{sorted(common)}."
@@ -340,8 +390,16 @@ def parse(
     resized = saved_hosts != hosts or saved_processes != processes or relaid
     key = process_key(process)
     entry = state_dict.get(key)
-    if resized:
-        if position is None or not resizable:
+    job = _json(common.get("elastic"), "state_dict['common']['elastic']")
+    if job is not None:
+        job = elastic_check(job, sources, "state_dict['common']['elastic']")
+    elif resized or not isinstance(entry, dict):
+        job = _job_from_entries(state_dict, sources, saved_processes)
+    can_job = job is not None and all(is_elastic(s) for s in sources)
+    can_position = position is not None and resizable
+    missing = not isinstance(entry, dict)
+    if resized or (missing and (can_job or can_position)):
+        if not (can_job or can_position):
             what = (
                 "its sources' state is per process and has no global position"
                 if position is None
@@ -352,9 +410,27 @@ def parse(
                 f"host(s), but this loader runs on {processes} process(es) feeding {hosts}; "
                 f"{what}, so it cannot be split over another number of hosts. {fix}"
             )
-        # Batches are numbered from 0 again (the same on every new process; the saved
-        # numbers counted batches of another size).
-        return Loaded([None] * num_sources, 0, position, True, saved_processes, saved_hosts)
+        # Batches are numbered from 0 again after a resize (the saved numbers counted batches
+        # of another size); a missing entry on the same layout takes the number of the entries
+        # present (every process takes the same batches).
+        numbers = {
+            v.get("next_batch")
+            for k, v in state_dict.items()
+            if str(k).startswith("process_") and isinstance(v, dict)
+        }
+        next_batch = 0
+        if not resized and len(numbers) == 1:
+            (only,) = numbers
+            next_batch = only if isinstance(only, int) and not isinstance(only, bool) else 0
+        return Loaded(
+            [None] * num_sources,
+            max(next_batch, 0),
+            None if can_job else position,
+            True,
+            saved_processes,
+            saved_hosts,
+            job if can_job else None,
+        )
     if not isinstance(entry, dict):
         present = sorted(k for k in state_dict if str(k).startswith("process_"))
         raise ValueError(  # noqa: TRY004 - a missing key, not a wrong type
@@ -364,7 +440,7 @@ def parse(
     name = "sources" if per_host else "source"
     other = "source" if per_host else "sources"
     expected = {name, "next_batch"}
-    if set(entry) != expected:
+    if set(entry) - {"elastic"} != expected:
         hint = ""
         if set(entry) == {other, "next_batch"}:
             kind = "one source per host" if other == "sources" else "one source"
@@ -391,6 +467,45 @@ def parse(
         for h, (b, src) in enumerate(zip(blobs, sources, strict=True))
     ]
     return Loaded(states, next_batch, position, False, saved_processes, saved_hosts)
+
+
+def _json(value: Any, where: str) -> Any:
+    """A JSON entry of the state, decoded (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            f"{where}: expected JSON text (as GlobalBatchLoader.state_dict() saves it) or None, "
+            f"but got {type(value).__name__} {value!r:.60}."
+        )
+    try:
+        return json.loads(value)
+    except ValueError as e:
+        raise ValueError(
+            f"{where}: expected JSON text as GlobalBatchLoader.state_dict() saves it, but it does "
+            f"not parse ({e}); the checkpoint is truncated or was edited."
+        ) from None
+
+
+def _job_from_entries(
+    state_dict: dict[str, Any], sources: Sequence[Any], saved_processes: int
+) -> dict[str, Any] | None:
+    """The elastic sources' position merged from the parts in every process's entry (kept there
+    where the processes could not exchange them when saving), or ``None`` when there are none,
+    or not every saving process's."""
+    entries = [
+        _json(v.get("elastic"), f"state_dict[{k!r}]['elastic']")
+        for k, v in state_dict.items()
+        if str(k).startswith("process_") and isinstance(v, dict)
+    ]
+    found = [e for e in entries if isinstance(e, list)]
+    if not sources or not all(is_elastic(s) for s in sources) or len(found) != len(entries):
+        return None
+    if len(found) != saved_processes:
+        return None
+    parts = sorted({json.dumps(p, sort_keys=True) for e in found for p in e})
+    merged = type(sources[0]).merge_elastic_parts([json.loads(p) for p in parts])
+    return {"kind": elastic_kind(sources[0]), "position": merged}
 
 
 def _next_batch(entry: dict[str, Any], key: str) -> int:

@@ -22,6 +22,7 @@ from torchshard._backend.protocols import Backend
 from torchshard._core.agreement import value_check_enabled, value_check_first_batch
 from torchshard._core.context import thread_mesh
 from torchshard._core.mesh import Mesh
+from torchshard._core.topology import Provider, providers
 from torchshard.data._loader.cursor import Cursor
 from torchshard.data._loader.exchanges import Exchanges
 from torchshard.data._loader.plan import EpochPlan
@@ -70,12 +71,13 @@ class Closer:
 
 
 @contextlib.contextmanager
-def _loader_thread(mesh: Mesh, backend: Backend) -> Iterator[None]:
+def _loader_thread(mesh: Mesh, backend: Backend, lent: tuple[Provider, ...]) -> Iterator[None]:
     """The loader thread's set-up, before any copy: this process's device of the mesh made
-    current (``DeviceThreads.bind_thread``; the current device is per thread), and the mesh."""
+    current (``DeviceThreads.bind_thread``; the current device is per thread), the mesh and
+    the topology providers (``virtual_hosts``) of the thread that started the epoch."""
     if backend.threads is not None:
         backend.threads.bind_thread(mesh)
-    with thread_mesh(mesh):
+    with thread_mesh(mesh, providers=lent):
         yield
 
 
@@ -85,13 +87,14 @@ def _maker(plan: EpochPlan, producer: Producer, exchanges: Exchanges | None) -> 
     made inside ``next()``; either closes ``exchanges`` when it makes no more."""
     on_finish = exchanges.close if exchanges is not None else None
     first = plan.first
+    lent = providers()  # this (the epoch's) thread's virtual_hosts, for whoever makes batches
     if plan.background:
         mesh, backend = plan.mesh, plan.backend
         return Prefetcher(
             producer,
             depth=plan.prefetch,
             name="torchshard-loader",
-            context=lambda: _loader_thread(mesh, backend),
+            context=lambda: _loader_thread(mesh, backend, lent),
             where=lambda i: f"batch {first + i}",
             budget=plan.prefetch_bytes,
             size=lambda made: made.nbytes if isinstance(made, Made) else 0,
@@ -100,7 +103,7 @@ def _maker(plan: EpochPlan, producer: Producer, exchanges: Exchanges | None) -> 
         )
     return InPlace(
         producer,
-        context=lambda: thread_mesh(plan.mesh),
+        context=lambda: thread_mesh(plan.mesh, providers=lent),
         note=lambda i: f"(raised by GlobalBatchLoader at batch {first + i})",
         on_finish=on_finish,
     )

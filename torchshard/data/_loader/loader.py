@@ -32,7 +32,7 @@ from torchshard._core.topology import Topology
 from torchshard._mesh.context import current_topology
 from torchshard._mesh.mesh import Mesh
 from torchshard._step.protocol import Dispatcher, is_dispatcher
-from torchshard.data._loader import checkpoint, length
+from torchshard.data._loader import checkpoint, elastic, length
 from torchshard.data._loader.cursor import Cursor
 from torchshard.data._loader.epoch import Closer, Epoch, uncopyable
 from torchshard.data._loader.exchanges import Exchanges
@@ -244,6 +244,8 @@ class GlobalBatchLoader(Iterable[Any]):
         self._resume_at: int | None = None
         self._resume_consumed = 0
         self._last_mesh: MeshValue | None = None
+        # Loaded states of sources whose iterators hold them (grain's), for the next iter().
+        self._pending: list[Any] = [None] * len(sources)
         self._epoch_set: int | None = None  # the last set_epoch(); a sampler's epoch wins
         # One-pass sources (generators): what was read ahead and not taken, for the next epoch.
         self._replays: list[Replay | None] = [None] * len(sources)
@@ -301,6 +303,10 @@ class GlobalBatchLoader(Iterable[Any]):
                 record_for_workers(mesh, topology, process_index=topology.data_hosts[h])
                 with workers_recorded(s):  # forkserver workers: the record, not the server's
                     it = iter(s)
+                state = self._pending[h]
+                if state is not None:  # grain's: the state goes into the pass's iterator
+                    self._pending[h] = None
+                    _restore_iterator(it, state, h, self._per_host, self._where()[0])
                 if one_pass(s, it):  # read on from the first batch no consumer took
                     replay = self._replays[h]
                     if replay is None:
@@ -515,6 +521,13 @@ class GlobalBatchLoader(Iterable[Any]):
             samplers = checkpoint.samplers(self._sources)
             snapshot, next_batch, consumed = None, 0, samplers[0].start if samplers else 0
         states = list(snapshot) if snapshot is not None else [None] * len(self._sources)
+        job = parts = None
+        if all(elastic.elastic(s) for s in self._sources):
+            mesh = self._mesh or current_mesh() or self._last_mesh
+            checks = lookup(mesh).processes if mesh is not None else None
+            count = 1 if self._per_host else processes
+            job = elastic.gather(self._sources, states, mesh=mesh, processes=checks, count=count)
+            parts = elastic.parts_of(self._sources, states) if job is None else None
         return checkpoint.build(
             process=process,
             per_host=self._per_host,
@@ -524,6 +537,8 @@ class GlobalBatchLoader(Iterable[Any]):
             processes=processes,
             hosts=hosts,
             position=self._position(consumed),
+            job=job,
+            parts=parts,
         )
 
     def load_state_dict(self, state_dict: dict[str, Any], /) -> None:
@@ -591,10 +606,24 @@ class GlobalBatchLoader(Iterable[Any]):
                         "nothing in another. Resume with the same dataset, seed and shuffle."
                     )
         self._close_epoch(by="load_state_dict()")
+        self._pending = [None] * len(self._sources)
         for h, (source, state) in enumerate(zip(self._sources, loaded.states, strict=True)):
             if state is None:  # a new pass, from the global position when there is one
                 if position is not None and samplers is not None:
                     samplers[h].resume(position.epoch, position.consumed)
+                if loaded.job is not None:  # elastic: this process's share of the job's
+                    try:
+                        source.load_elastic_state(loaded.job["position"])
+                    except Exception as e:
+                        e.add_note(
+                            f"(raised by {type(source).__name__}.load_elastic_state, given "
+                            "state_dict['common']['elastic']['position'], in "
+                            "GlobalBatchLoader.load_state_dict)"
+                        )
+                        raise
+                continue
+            if checkpoint.iterator_stateful(source):  # loaded into the next iter()'s iterator
+                self._pending[h] = state
                 continue
             try:
                 checkpoint.restore(source, state)
@@ -623,6 +652,21 @@ class GlobalBatchLoader(Iterable[Any]):
                     "torchshard.host_sampler; use torchdata.stateful_dataloader.StatefulDataLoader "
                     "to checkpoint the input position."
                 )
+
+
+def _restore_iterator(it: Any, state: Any, h: int, per_host: bool, process: int) -> None:
+    """Loads a saved state into the iterator of a source whose iterators hold it (grain's);
+    the error notes which entry of the state it was."""
+    try:
+        checkpoint.restore(it, state)
+    except Exception as e:
+        key = checkpoint.process_key(process)
+        where = f"state_dict[{key!r}]" + (f"['sources'][{h}]" if per_host else "['source']")
+        e.add_note(
+            f"(raised by {checkpoint.method_name(it, 1)} of the iterator iter() made, given "
+            f"{where}, loaded by GlobalBatchLoader.load_state_dict)"
+        )
+        raise
 
 
 def _check_source_state(source: Any, current: Any, state: Any, where: str) -> None:

@@ -58,8 +58,14 @@ from torchshard.data._loader.batch_check import (
     host_nbytes,
     indivisible_error,
 )
-from torchshard.data._loader.checkpoint import capture, stateful
-from torchshard.data._loader.echo import echo_error, stream_workers
+from torchshard.data._loader.checkpoint import capture, holder
+from torchshard.data._loader.echo import (
+    echo_error,
+    feed_echo_error,
+    feed_items,
+    is_stream,
+    stream_workers,
+)
 from torchshard.data._loader.exchanges import Exchanges, judge
 from torchshard.data._loader.last_batch import (
     ENDED,
@@ -184,7 +190,8 @@ class Producer:
         ]
         self.readers = [it for it in self.its if isinstance(it, Reader)]
         self.all_sources = list(sources)
-        self.sources = sources if all(stateful(s) for s in sources) else None
+        held = [holder(s, it) for s, it in zip(sources, its, strict=True)]
+        self.sources = held if all(h is not None for h in held) else None
         self.dispatchers = dispatchers
         self.exchanges = exchanges
         self.threads = plan.backend.threads
@@ -200,6 +207,14 @@ class Producer:
         self.ended = [False] * n
         self.pending: list[list[Any]] = [[] for _ in range(n)]
         self.echo_checked = [False] * n
+        # The feeds' first batches (echo.py): 0 to digest, 1 digested (``echo_items``: this
+        # process's), 2 compared.
+        self.streams = [is_stream(s) for s in sources]
+        # (only streams are compared: a sampler splits map-style data; the same code on every
+        # process, so every process or none makes the exchange)
+        self.echo_state = 0 if not plan.equal_batches and any(self.streams) else 2
+        self.echo_items: list[tuple[str, int]] = []
+        self.echo_spec: Any = plan.spec  # the batch leaf's, once known (for the error)
         # The leaf whose dim 0 counts a batch's examples, learnt from the first batch:
         # (its index, its path in the errors, its keys), ``batch_leaf``.
         self.leaf: tuple[int, str, LeafPath] | None = None
@@ -394,6 +409,7 @@ class Producer:
         ready = self._fence()
         reads = self.positions()
         if exchanges is None:
+            self._feed_echo(n)
             return Made(out, snapshot, ready, rows=rows, nbytes=nbytes, reads=reads)
         outcome = status_items(status, host is not None) if self.plan.exchange else []
         where = None
@@ -405,6 +421,8 @@ class Producer:
         if settled is not None and settled[0]:  # the last exchange of the epoch
             self.stopped = True
             exchanges.agreed_end()
+        else:
+            self._feed_echo(n)
         return Made(
             out,
             snapshot,
@@ -415,6 +433,57 @@ class Producer:
             settled=settled,
             reads=reads,
         )
+
+    def _feed_items(self, hosts: list[Any], real: list[int] | None) -> list[tuple[str, int]]:
+        """This process's first host batches of streams with real rows, each digested with its feed
+        (``echo.feed_items``); none where no leaf carries the batch dimension."""
+        plan = self.plan
+        keep = [h for h in range(len(hosts)) if self.streams[h] and (real is None or real[h] > 0)]
+        if not keep:
+            return []
+        first = hosts[keep[0]]
+        try:
+            index = self._leaf(keep[0], first)[0]
+        except ShardingError:
+            return []
+        specs = specs_of(plan.mesh, plan.spec, first)
+        if specs is None or not 0 <= index < len(specs):
+            return []
+        self.echo_spec = specs[index]
+        topology = current_topology(plan.mesh)
+        processes = [
+            topology.data_hosts[h] if plan.per_host else topology.process_index for h in keep
+        ]
+        return feed_items(
+            plan.mesh, specs[index], [hosts[h] for h in keep], processes, topology.device_process
+        )
+
+    def _feed_echo(self, n: int) -> None:
+        """At the epoch's first batch, after the processes agreed on it: the feeds' first
+        batches compared (one exchange on several processes, every process the same verdict);
+        a first batch equal under two feeds raises ``ShardingError``."""
+        if self.echo_state != 1:
+            return
+        self.echo_state = 2
+        mine = self.echo_items
+        items: dict[str, list[int]] = {}
+        for item, process in mine:
+            items.setdefault(item, []).append(process)
+        if self.exchanges is not None:
+            verdict = self.exchanges.exchange(
+                sorted(items) or ["-"],
+                what=f"GlobalBatchLoader: batch {n}: the feeds' first batches",
+                force=True,
+            )
+            if verdict is not None:
+                items = {}
+                for group in verdict.groups:
+                    for item in group.items:
+                        if item != "-":
+                            items.setdefault(item, []).extend(group.ranks)
+        error = feed_echo_error(sorted(items.items()), spec=self.echo_spec, batch=n)
+        if error is not None:
+            raise error
 
     def _describe(self, n: int, host: Any) -> tuple[list[str], Callable[[int], str]]:
         """Batch ``n``'s description (what the agreement compares) from this process's host
@@ -469,6 +538,7 @@ class Producer:
         plan = self.plan
         masks = None
         status = ""
+        per: list[int] | None = None
         if plan.policy == "error":
             hosts = self._pull(n)
             rows = sum(self._rows(h, b) for h, b in enumerate(hosts))
@@ -476,6 +546,9 @@ class Producer:
             hosts, masks, per, status = self._pull_ends(n)
             rows = sum(per)
         snapshot = self.snapshot()
+        if self.echo_state == 0:
+            self.echo_items = self._feed_items(hosts, per) if hosts else []
+            self.echo_state = 1
         if not hosts:  # this process's end, told to the others (the consumer decides)
             return None, snapshot, None, rows, status, 0
         per_host = len(hosts) > 1
@@ -652,6 +725,7 @@ class PipelinedProducer(Producer):
         if begun.made is None:  # the end of every process's sources
             exchanges.agreed_end()
             raise StopIteration(EndOfData(begun.snapshot))
+        self._feed_echo(begun.n)
         return begun.made
 
 

@@ -23,7 +23,9 @@ def source_attribute(sources: Sequence[Any], name: str) -> Any:
 def _targets(source: Any) -> list[Any]:
     """What ``set_epoch`` reaches in ``source``: the source itself when it has ``set_epoch``
     (a torchtitan or HF loader, an iterable dataset), else its sampler and batch sampler (and
-    the batch sampler's sampler), each once."""
+    the batch sampler's sampler) and its dataset (an HF ``IterableDataset``, whose shuffle
+    buffer and shard order are seeded by the epoch; it shares the epoch with persistent
+    workers itself), each once."""
     if callable(getattr(source, "set_epoch", None)):
         return [source]
     found: list[Any] = []
@@ -32,6 +34,7 @@ def _targets(source: Any) -> list[Any]:
         getattr(source, "sampler", None),
         batch_sampler,
         getattr(batch_sampler, "sampler", None),
+        getattr(source, "dataset", None),
     ):
         if callable(getattr(candidate, "set_epoch", None)) and all(
             candidate is not f for f in found
@@ -53,10 +56,11 @@ def forward_set_epoch(sources: Sequence[Any], epoch: Any) -> None:
             where = "the source" if len(sources) == 1 else f"source {h}"
             raise TypeError(
                 f"GlobalBatchLoader.set_epoch({epoch}): {where} ({type(source).__name__}) has "
-                "no set_epoch, and neither has its sampler or batch_sampler, so its order "
-                "cannot change per epoch. Read the source through a sampler with set_epoch "
-                "(torchshard.host_sampler(dataset, P(...)) or a DistributedSampler), or set the "
-                "epoch on the source yourself."
+                "no set_epoch, and neither has its sampler, batch_sampler or dataset, so its "
+                "order cannot change per epoch. Read the source through a sampler with "
+                "set_epoch (torchshard.host_sampler(dataset, P(...)) or a DistributedSampler), "
+                "or a dataset with set_epoch (an HF IterableDataset), or set the epoch on the "
+                "source yourself."
             )
         plans.append(targets)
     for targets in plans:
