@@ -18,8 +18,9 @@ def test_the_shipped_backends_are_known_by_module():
     assert registry.KNOWN == {
         "xla": "torchshard._backend.xla.backend",
         "dtensor": "torchshard._backend.dtensor.backend",
+        "torchax": "torchshard._backend.torchax.backend",
     }
-    assert registry.names()[:2] == ("xla", "dtensor")
+    assert registry.names()[:3] == ("xla", "dtensor", "torchax")
 
 
 @pytest.mark.parametrize("name", ["xla", "dtensor"])
@@ -51,7 +52,7 @@ def test_lookup_of_none_is_the_default_backend(monkeypatch):
 def test_an_unknown_name_lists_the_known_ones():
     with pytest.raises(
         ValueError,
-        match=re.escape("unknown backend 'tpu'; expected one of ['dtensor', 'xla']."),
+        match=re.escape("unknown backend 'tpu'; expected one of ['dtensor', 'torchax', 'xla']."),
     ):
         registry.lookup("tpu")
     with pytest.raises(ValueError, match=re.escape("unknown backend 'tpu'")):
@@ -75,7 +76,7 @@ def test_a_third_backend_is_registered_and_named(monkeypatch):
     registry.register(third)  # the same record again: nothing changes
     assert registry.lookup("third") is third
     assert registry.lookup(Mesh(np.arange(2), ("a",), backend="third")) is third
-    assert registry.names() == ("xla", "dtensor", "third")
+    assert registry.names() == ("xla", "dtensor", "torchax", "third")
     other = Backend("third", place=xla.place, read=xla.read, step=xla.step, meshes=xla.meshes)
     with pytest.raises(
         ValueError, match=re.escape("register: a backend called 'third' is registered already.")

@@ -37,6 +37,7 @@ DOCUMENTS = (
     "README.md",
     "docs/migration.md",
     "docs/tpu.md",
+    "docs/torchax.md",
     "docs/training.md",
     "docs/testing.md",
     "docs/layout.md",

@@ -399,7 +399,16 @@ def test_the_wheel_s_benches_import_only_public_modules():
     }
     assert benches == {
         f"{BENCH}.{n}"
-        for n in ("h2g", "overhead", "dtensor", "h2d", "loader", "packing", "cp_balance")
+        for n in (
+            "h2g",
+            "overhead",
+            "dtensor",
+            "h2d",
+            "loader",
+            "packing",
+            "cp_balance",
+            "torchax_h2g",
+        )
     }
     allowed = PUBLIC_MODULES | FRAMEWORK | benches | {BENCH}
     private = [

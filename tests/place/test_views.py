@@ -120,3 +120,34 @@ def test_each_device_receives_only_its_shard(mesh42, monkeypatch):
     monkeypatch.setattr(backend.place, "make_global", spy)
     ts.host_to_global_array({"x": np.zeros((16, 4))}, partition=ts.P("data", "model"))
     assert seen == [[(4, 2)] * 8]
+
+
+class _WholeMaker:
+    """A maker that cuts the blocks itself (as torchax's does): records what it was given."""
+
+    def __init__(self):
+        self.got = []
+
+    def __call__(self, shards):
+        self.got.append(("shards", len(shards)))
+        return shards[0]
+
+    def from_whole(self, t):
+        self.got.append(("whole", tuple(t.shape)))
+        return t
+
+
+def test_a_maker_that_cuts_blocks_itself_gets_the_whole_tensor_only_when_it_is_global():
+    x = torch.arange(24).reshape(8, 3)
+    one_host = plan_from_local(MESH42, ts.P("data"), (8, 3), (0,) * 8, ALL)
+    make = _WholeMaker()
+    assert views.one_host_placer(one_host, make)(x) is x
+    assert make.got == [("whole", (8, 3))]
+    # a process's block of a larger global array: the views, as for any maker
+    owners = virtual_host_of(2)
+    mine = tuple(d for d in ALL if owners[d] == 0)
+    block = plan_from_local(MESH42, ts.P("data"), (4, 3), owners, mine)
+    assert block.global_shape == (8, 3)
+    make = _WholeMaker()
+    views.one_host_placer(block, make)(x[:4])
+    assert make.got == [("shards", 4)]

@@ -174,7 +174,16 @@ def test_bench_choices_come_from_the_registry():
     assert result.returncode == 0
     assert "{" + ",".join([*BENCHES, "all"]) + "}" in result.stdout.replace("\n", "")
     # What users run; the maintainers' benches (g2h, sweep, ...) are the lab's (benchmarks/).
-    assert set(BENCHES) == {"h2g", "overhead", "dtensor", "h2d", "loader", "packing", "cp_balance"}
+    assert set(BENCHES) == {
+        "h2g",
+        "overhead",
+        "dtensor",
+        "h2d",
+        "loader",
+        "packing",
+        "cp_balance",
+        "torchax",
+    }
     assert "--plot" not in result.stdout
 
 
@@ -531,13 +540,34 @@ def test_bench_without_a_name_runs_dtensor_where_torch_xla_is_missing(monkeypatc
     monkeypatch.setattr(env, "xla_installed", lambda: False)
     assert cli.default_bench() == "dtensor"
     assert cli.bench_names(None) == ["dtensor"]
-    assert cli.bench_names("all") == [n for n in BENCHES if n in NEEDS_NO_XLA]
+    assert cli.bench_names("all") == [n for n in BENCHES if n in NEEDS_NO_XLA and n != "torchax"]
     assert cli._default_bench_notice(BENCHES).startswith(
         "bench: no name given, so running the short default, dtensor (host -> global on DTensor "
         "gloo processes, and the agreement check's cost)."
     )
     monkeypatch.setattr(env, "xla_installed", lambda: True)
-    assert cli.bench_names(None) == ["h2g"] and cli.bench_names("all") == list(BENCHES)
+    assert cli.bench_names(None) == ["h2g"]
+    assert cli.bench_names("all") == [n for n in BENCHES if n != "torchax"]
+
+
+def test_bench_backend_torchax_runs_the_torchax_benches_alone():
+    from torchshard._tools import cli
+
+    assert cli.bench_names(None, backend="torchax") == ["torchax"]
+    assert cli.bench_names("all", backend="torchax") == ["torchax"]
+    assert cli.bench_names("torchax", backend="torchax") == ["torchax"]
+    assert cli.bench_names(None, backend="dtensor") == ["dtensor"]
+    assert cli.bench_names(None, backend="xla") == ["h2g"]
+    with pytest.raises(cli.UsageError, match="bench h2g runs on torch_xla, not on torchax"):
+        cli.bench_names("h2g", backend="torchax")
+
+
+def test_demo_on_torchax_is_one_host():
+    from torchshard._tools.demo import check_sizes
+
+    assert check_sizes(8, 1, 256, backend="torchax") is None
+    why = check_sizes(8, 2, 256, backend="torchax")
+    assert why.startswith("--hosts 2: the torchax demo is one JAX process")
 
 
 @pytest.mark.xla  # the XLA default bench / emulation

@@ -50,6 +50,16 @@ class LocalShard(NamedTuple):
     data: torch.Tensor  # exactly the block (padding removed), on the CPU
 
 
+class Refused(Exception):
+    """Raised by ``make_global`` (or a ``global_maker``'s maker) for a leaf whose values the
+    runtime cannot hold (torchax: a 64-bit value JAX would change); placement raises
+    ``error`` (a ``ShardingError`` or ``TypeError`` without a path) with the leaf's path."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class AgreementCall(Protocol):
     """What ``ProcessChecks.agree_begin`` compares between the processes: a call, described
     on demand."""
@@ -199,11 +209,13 @@ class Meshes(Protocol):
     """The runtime's own mesh objects, and its current mesh."""
 
     #: Whether the runtime has one current mesh per process (torch_xla's global mesh), which
-    #: ``make_current`` sets for every thread; ``False`` when it keeps none (DTensor).
+    #: ``make_current`` sets for every thread; ``False`` when it keeps none (DTensor) or one
+    #: per thread (JAX's ``jax.set_mesh``).
     process_wide: bool
 
     def from_native(self, native: Any) -> Mesh:
-        """The ``Mesh`` value of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``)."""
+        """The ``Mesh`` value of the runtime's own mesh object (``xs.Mesh``, ``DeviceMesh``,
+        ``jax.sharding.Mesh``)."""
         ...
 
     def native(self, mesh: Mesh) -> Any:
@@ -218,9 +230,11 @@ class Meshes(Protocol):
     def make_current(self, mesh: Mesh | None) -> None:
         """``mesh`` became the current mesh of the program (``with mesh:``; ``None``: no mesh
         of this backend is current any more). torch_xla sets its global mesh; DTensor builds
-        the mesh's ``DeviceMesh`` (collective) on the program's thread. Where the runtime's
-        mesh is ``process_wide``, it is also called when a mesh is left, with the mesh of the
-        entry made last among those still open in the process."""
+        the mesh's ``DeviceMesh`` (collective) on the program's thread; torchax sets JAX's
+        mesh of the thread (``jax.set_mesh``). It is also called when a mesh is left: where
+        the runtime's mesh is ``process_wide``, with the mesh of the entry made last among
+        those still open in the process; else on the leaving thread, with the innermost mesh of
+        this backend still entered in its task or thread (``None``: none)."""
         ...
 
 

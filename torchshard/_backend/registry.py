@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 KNOWN: dict[str, str] = {
     "xla": "torchshard._backend.xla.backend",
     "dtensor": "torchshard._backend.dtensor.backend",
+    "torchax": "torchshard._backend.torchax.backend",
 }
 
 _BY_NAME: dict[str, Backend] = {}
@@ -52,8 +53,9 @@ def default_name() -> str:
 
     ``"xla"`` when torch_xla is imported (the program runs on it); else ``"dtensor"`` when
     torch.distributed's default process group is initialised (one process per device); else
-    ``"xla"`` when torch_xla is installed (it is then imported on first use), ``"dtensor"``
-    when it is not (a plain install). Decided on every call, so it follows
+    ``"torchax"`` when torchax is imported (PyTorch on JAX); else ``"xla"`` when torch_xla is
+    installed (it is then imported on first use), ``"dtensor"`` when it is not (a plain
+    install). Decided on every call, so it follows
     ``init_process_group``; the checks are dictionary lookups (whether torch_xla is installed
     is looked up once per process).
     """
@@ -63,6 +65,8 @@ def default_name() -> str:
 
     if dist.is_available() and dist.is_initialized():
         return "dtensor"
+    if sys.modules.get("torchax") is not None:
+        return "torchax"
     from torchshard._backend.xla.env import xla_installed
 
     return "xla" if xla_installed() else "dtensor"
@@ -88,9 +92,10 @@ def lookup(of: Mesh | str | torch.Tensor | None = None) -> Backend:
     - a ``Mesh``: the backend it names (``mesh.backend``);
     - a ``str``: the backend of that name;
     - ``None``: the process's default backend (``default_name``);
-    - a tensor: the backend that computes with it in a step: dtensor for a ``DTensor``, else
-      xla, whose in-step primitives are plain torch ops, right for any other tensor too. This
-      never imports a runtime (a ``DTensor`` exists only once its module is loaded).
+    - a tensor: the backend that computes with it in a step: dtensor for a ``DTensor``,
+      torchax for a torchax tensor, else xla, whose in-step primitives are plain torch ops,
+      right for any other tensor too. This never imports a runtime (a ``DTensor`` or a torchax
+      tensor exists only once its module is loaded).
     """
     if isinstance(of, Mesh):
         backend = _BY_NAME.get(of.backend)  # the hot path: one dict read
@@ -102,4 +107,7 @@ def lookup(of: Mesh | str | torch.Tensor | None = None) -> Backend:
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is not None and isinstance(of, dtensor.DTensor):
         return _by_name("dtensor")
+    torchax = sys.modules.get("torchax.tensor")
+    if torchax is not None and isinstance(of, torchax.Tensor):
+        return _by_name("torchax")
     return _by_name("xla")

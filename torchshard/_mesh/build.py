@@ -127,12 +127,15 @@ def create_device_mesh(
     ``ici_mesh_shape`` and tiles the groups as ``dcn_mesh_shape``; both work on the CPU,
     including under ``torchshard.testing.virtual_hosts``.
 
-    ``backend``: ``"xla"`` (torch_xla SPMD) or ``"dtensor"``; by default the process's
-    (``torchshard.Mesh``'s default): torch_xla when it is imported, else DTensor once
-    torch.distributed's default process group exists, else torch_xla when it is installed,
-    else DTensor. With DTensor the devices are the ranks of the default process group (one
-    device per process) and the mesh carries a ``DeviceMesh`` built with ``init_device_mesh``
-    (every rank must call this, as for any DeviceMesh).
+    ``backend``: ``"xla"`` (torch_xla SPMD), ``"dtensor"`` or ``"torchax"`` (PyTorch on JAX);
+    by default the process's (``torchshard.Mesh``'s default): torch_xla when it is imported,
+    else DTensor once torch.distributed's default process group exists, else torchax when it
+    is imported, else torch_xla when it is installed, else DTensor. With DTensor the devices
+    are the ranks of the default process group (one device per process) and the mesh carries a
+    ``DeviceMesh`` built with ``init_device_mesh`` (every rank must call this, as for any
+    DeviceMesh). With torchax the devices are JAX's (``jax.devices()`` by process, then id:
+    every JAX process's devices, after ``jax.distributed.initialize``), and ``mesh.jax_mesh``
+    is a ``jax.sharding.Mesh`` with ``Auto`` axes.
 
     Example:
         >>> mesh = torchshard.create_device_mesh((-1, 2), ("data", "model"))
@@ -216,6 +219,14 @@ def _count_mismatch(shape: tuple[int, ...], count: int, backend: str, *, given: 
             "a TPU, use a shape of this host's devices"
         )
         where = f"torch_xla's runtime has {count} device{'s' if count != 1 else ''}"
+    elif backend == "torchax":
+        fix = (
+            f"On a CPU, have JAX make {need} devices: set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={need} before JAX is imported (over "
+            "several JAX processes, each process's share); on a TPU, use a shape of the job's "
+            "devices"
+        )
+        where = f"JAX has {count} device{'s' if count != 1 else ''}"
     else:
         fix = (
             f"Start {need} processes (e.g. torchrun --nproc-per-node {need} train.py; the "

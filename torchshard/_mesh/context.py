@@ -80,6 +80,9 @@ def exit(mesh: Mesh) -> None:
             entries.remove(entry)
         if meshes.process_wide:
             meshes.make_current(entries[-1].mesh if entries else None)
+    if not meshes.process_wide:  # a runtime mesh per thread (JAX's): this context's outer one
+        outer = [e.mesh for e in _MINE.get() if e.mesh.backend == mesh.backend]
+        meshes.make_current(outer[-1] if outer else None)
     checks = lookup(mesh).processes
     if checks is not None:  # the last direct call's check, if deferred, is judged here
         checks.settle(mesh, "on leaving the mesh")

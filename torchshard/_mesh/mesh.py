@@ -25,10 +25,11 @@ class Mesh(value.Mesh):
             appears once. The mesh must cover every device of the runtime (checked when the
             mesh is entered or used).
         axis_names: one distinct name per dimension of ``devices``.
-        backend: ``"xla"`` (torch_xla SPMD) or ``"dtensor"``. Default: the process's
-            backend: torch_xla when it is imported, else DTensor once torch.distributed's
-            default process group exists, else torch_xla when it is installed, else DTensor
-            (a plain install needs no torch_xla).
+        backend: ``"xla"`` (torch_xla SPMD), ``"dtensor"`` or ``"torchax"`` (PyTorch on
+            JAX). Default: the process's backend: torch_xla when it is imported, else DTensor
+            once torch.distributed's default process group exists, else torchax when it is
+            imported, else torch_xla when it is installed, else DTensor (a plain install needs
+            no torch_xla).
 
     On the ``"dtensor"`` backend, entering a mesh built by hand (``with mesh:``) builds its
     ``DeviceMesh`` the first time, which is collective: every process must enter it. A process
@@ -122,3 +123,26 @@ class Mesh(value.Mesh):
             assert dict(mesh.shape) == {"data": 2, "model": 2}
         """
         return cls.of(lookup("dtensor").meshes.from_native(device_mesh))
+
+    @classmethod
+    def from_jax(cls, jax_mesh: Any) -> Mesh:
+        """The ``Mesh`` of a ``jax.sharding.Mesh`` (every axis ``Auto``): arrays placed on it
+        are torchax tensors (``backend="torchax"``), and ``mesh.native`` is the JAX mesh.
+
+        Device ids are torchshard's: ``jax.devices()`` ordered by process, then JAX's id (JAX
+        numbers process 1's CPU devices from 2048). ``jax.make_mesh`` makes ``Explicit`` axes
+        since JAX 0.9, on which torchax cannot shard: pass ``axis_types=(AxisType.Auto,) * n``.
+
+        Example (8 CPU devices: ``XLA_FLAGS=--xla_force_host_platform_device_count=8``)::
+
+            from jax.sharding import AxisType
+            jm = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+            mesh = torchshard.Mesh.from_jax(jm)
+            assert mesh.backend == "torchax" and mesh.native is jm
+        """
+        return cls.of(lookup("torchax").meshes.from_native(jax_mesh))
+
+    @property
+    def jax_mesh(self) -> Any:
+        """This mesh as a ``jax.sharding.Mesh`` with ``Auto`` axes (cached)."""
+        return lookup("torchax").meshes.native(self)

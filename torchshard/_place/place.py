@@ -18,8 +18,9 @@ from typing import Any, NamedTuple, TypeGuard
 
 import torch
 
-from torchshard._backend.protocols import Backend, MakeGlobal
+from torchshard._backend.protocols import Backend, MakeGlobal, Refused
 from torchshard._core.blocks import HostPlan
+from torchshard._core.errors import at
 from torchshard._core.mesh import Mesh
 from torchshard._core.topology import Topology
 from torchshard._core.tree import unflatten
@@ -62,56 +63,64 @@ def place(
 ) -> Any:
     """The output tree: each leaf's global tensor, from one view per planned device.
 
-    ``background``: the caller is a loader's thread (see ``Placement.make_global``).
+    ``background``: the caller is a loader's thread (see ``Placement.make_global``). A leaf
+    whose values the backend refuses (``Refused``: torchax's 64-bit values) raises the
+    backend's error with the leaf's path.
     """
-    hosts = call.tensors  # set by validation: this call made the plan, and goes unbound
-    bound = None
-    if hosts is None:  # a cached plan's later call (never holding already-global leaves)
-        bound = planned.bound
-        if bound is None:
-            bound = planned.bound = bind(backend, mesh, planned)
-    if bound is not None and bound.placers is not None and not background:
-        # The hot path (a training loop's repeated call): a cached plan, one host. The key
-        # says the leaves need no checks: numpy leaves are converted, tensors used as they are.
-        # (Every frame counts here: after a transfer the caches are cold; docs/design.md.)
+    i = 0
+    try:
+        hosts = call.tensors  # set by validation: this call made the plan, and goes unbound
+        bound = None
+        if hosts is None:  # a cached plan's later call (never holding already-global leaves)
+            bound = planned.bound
+            if bound is None:
+                bound = planned.bound = bind(backend, mesh, planned)
+        if bound is not None and bound.placers is not None and not background:
+            # The hot path (a training loop's repeated call): a cached plan, one host. The key
+            # says the leaves need no checks: numpy leaves are converted, tensors used as they
+            # are. (Every frame counts here: after a transfer the caches are cold; design.md.)
+            out = []
+            placers = bound.placers
+            for i, x in enumerate(call.leaves[0]):
+                if type(x) is not torch.Tensor:
+                    x = as_host_tensor(x, call.paths[0].at(i))
+                out.append(placers[i](x))
+            return call.treespecs[0].unflatten(out)
+        if hosts is None:  # a cached plan: the key says these leaves need no checks
+            hosts = host_tensors(call)
+        if planned.shared:
+            check_shared_values(call, planned, hosts)
+        slot = planned.slot
+        per_leaf = [list(t) for t in zip(*hosts, strict=True)]
+        make_global = backend.place.make_global
+        plans = planned.plans
         out = []
-        placers = bound.placers
-        for i, x in enumerate(call.leaves[0]):
-            if type(x) is not torch.Tensor:
-                x = as_host_tensor(x, call.paths[0].at(i))
-            out.append(placers[i](x))
-        return call.treespecs[0].unflatten(out)
-    if hosts is None:  # a cached plan: the key says these leaves need no checks
-        hosts = host_tensors(call)
-    if planned.shared:
-        check_shared_values(call, planned, hosts)
-    slot = planned.slot
-    per_leaf = [list(t) for t in zip(*hosts, strict=True)]
-    make_global = backend.place.make_global
-    plans = planned.plans
-    if not _all_planned(plans):  # leaves already global (never cached)
-        out = [
-            per[0]
-            if p is None
-            else make_global(
-                mesh, p.axes, p.global_shape, device_shards(p, per, slot), background=background
-            )
-            for per, p in zip(per_leaf, plans, strict=True)
-        ]
+        if not _all_planned(plans):  # leaves already global (never cached)
+            for i, (per, p) in enumerate(zip(per_leaf, plans, strict=True)):  # noqa: B007 -- the except names leaf i
+                out.append(
+                    per[0]
+                    if p is None
+                    else make_global(
+                        mesh,
+                        p.axes,
+                        p.global_shape,
+                        device_shards(p, per, slot),
+                        background=background,
+                    )
+                )
+            return unflatten(call.treespec, out)
+        if bound is not None and not background:
+            makers = bound.makers
+            for i, (per, p) in enumerate(zip(per_leaf, plans, strict=True)):
+                out.append(makers[i](device_shards(p, per, slot)))
+        else:
+            if background:
+                make_global = functools.partial(make_global, background=True)
+            for i, (per, p) in enumerate(zip(per_leaf, plans, strict=True)):  # noqa: B007 -- the except names leaf i
+                out.append(make_global(mesh, p.axes, p.global_shape, device_shards(p, per, slot)))
         return unflatten(call.treespec, out)
-    if bound is not None and not background:
-        out = [
-            make(device_shards(p, per, slot))
-            for per, p, make in zip(per_leaf, plans, bound.makers, strict=True)
-        ]
-    else:
-        if background:
-            make_global = functools.partial(make_global, background=True)
-        out = [
-            make_global(mesh, p.axes, p.global_shape, device_shards(p, per, slot))
-            for per, p in zip(per_leaf, plans, strict=True)
-        ]
-    return unflatten(call.treespec, out)
+    except Refused as e:
+        raise type(e.error)(at(call.paths[0].at(i), str(e.error))) from None
 
 
 def to_global(

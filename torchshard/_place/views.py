@@ -5,7 +5,7 @@ cut as the leaf's ``HostPlan`` says (one ``tensor_split`` when a single dimensio
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -16,7 +16,13 @@ from torchshard._core.blocks import HostPlan
 def one_host_placer(plan: HostPlan, make: MakeGlobal) -> Callable[[torch.Tensor], torch.Tensor]:
     """The host tensor -> its global tensor, for a plan whose pieces all come from one host,
     specialised once: one ``tensor_split`` when it gives the pieces in order (dim 0 split over
-    the devices in their order, the common case), else ``device_shards``; then ``make``."""
+    the devices in their order, the common case), else ``device_shards``; then ``make``. A
+    maker with ``from_whole`` (torchax's: JAX cuts its blocks by index, as
+    ``make_array_from_process_local_data`` does) takes a host tensor that is the whole global
+    array as it is."""
+    whole = getattr(make, "from_whole", None)
+    if whole is not None and plan.local_shape == plan.global_shape:
+        return cast(Callable[[torch.Tensor], torch.Tensor], whole)  # the backend cuts the blocks
     split = plan.single_split
     if split is not None and plan.split_parts == tuple(range(len(plan.pieces))):
         dim, chunk = split

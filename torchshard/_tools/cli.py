@@ -40,6 +40,8 @@ from typing import Any, NoReturn
 DEFAULT_BENCH = "h2g"
 # ... and this one without torch_xla (a plain install): host -> global on DTensor.
 DEFAULT_BENCH_DTENSOR = "dtensor"
+# ... and this one with --backend torchax: host -> global against JAX's own call.
+DEFAULT_BENCH_TORCHAX = "torchax"
 # The registry of the benches ``python -m torchshard bench`` runs (the lab has its own).
 WHEEL_BENCHES = "torchshard._tools.bench"
 # ``layout`` describes at most this many devices: 65,536 take about 0.1 s (numpy; the text is
@@ -311,11 +313,23 @@ def _bench(args: argparse.Namespace) -> int:
     for path in (args.json, plot_path):
         if path:
             check_output_path(path)
-    if args.name is None:
+    if args.name is None and getattr(args, "backend", "auto") == "auto":
         print(_default_bench_notice(benches.BENCHES), file=sys.stderr)
-    names = bench_names(args.name, args.registry)
-    if args.name == "all" and len(names) < len(benches.BENCHES):
-        skipped = ", ".join(n for n in benches.BENCHES if n not in names)
+    backend = getattr(args, "backend", "auto")
+    names = bench_names(args.name, args.registry, backend)
+    jax_benches: frozenset[str] = getattr(benches, "NEEDS_TORCHAX", frozenset())
+    if args.name == "all" and backend != "torchax" and jax_benches:
+        print(
+            f"bench all: the torchax benches ({', '.join(sorted(jax_benches))}) run with "
+            "--backend torchax",
+            file=sys.stderr,
+        )
+    if (
+        args.name == "all"
+        and backend != "torchax"
+        and len(names) < len(benches.BENCHES) - len(jax_benches)
+    ):
+        skipped = ", ".join(n for n in benches.BENCHES if n not in names and n not in jax_benches)
         print(
             f"bench all: torch_xla is not installed, so only the benches that need none run "
             f"({', '.join(names)}); skipped: {skipped}",
@@ -371,22 +385,48 @@ def _bench(args: argparse.Namespace) -> int:
     return verdict(report, strict=args.strict)
 
 
-def default_bench() -> str:
-    """The bench that ``bench`` runs without a name: ``h2g``, or ``dtensor`` without torch_xla."""
+def default_bench(backend: str = "auto") -> str:
+    """The bench that ``bench`` runs without a name: ``h2g``, or ``dtensor`` without torch_xla
+    (``backend`` ``"auto"``); the named backend's (``torchax`` for ``"torchax"``)."""
+    if backend == "torchax":
+        return DEFAULT_BENCH_TORCHAX
+    if backend == "dtensor":
+        return DEFAULT_BENCH_DTENSOR
+    if backend == "xla":
+        return DEFAULT_BENCH
     from torchshard._backend.xla.env import xla_installed
 
     return DEFAULT_BENCH if xla_installed() else DEFAULT_BENCH_DTENSOR
 
 
-def bench_names(name: str | None, registry: str = WHEEL_BENCHES) -> list[str]:
+def bench_names(
+    name: str | None, registry: str = WHEEL_BENCHES, backend: str = "auto"
+) -> list[str]:
     """The benches ``bench NAME`` runs from ``registry``: ``all`` is every one (without
-    torch_xla, every one that needs none); no name is ``default_bench()``."""
+    torch_xla, every one that needs none; the torchax benches only with ``backend``
+    ``"torchax"``, which runs those alone); no name is ``default_bench(backend)``. A name the
+    backend does not run is a ``UsageError``."""
     from torchshard._backend.xla.env import xla_installed
 
     benches = importlib.import_module(registry)
+    jax_benches: frozenset[str] = getattr(benches, "NEEDS_TORCHAX", frozenset())
     if name == "all":
-        return [n for n in benches.BENCHES if xla_installed() or n in benches.NEEDS_NO_XLA]
-    return [default_bench() if name is None else name]
+        if backend == "torchax":
+            return [n for n in benches.BENCHES if n in jax_benches]
+        return [
+            n
+            for n in benches.BENCHES
+            if n not in jax_benches and (xla_installed() or n in benches.NEEDS_NO_XLA)
+        ]
+    if name is None:
+        return [default_bench(backend)]
+    if backend == "torchax" and name not in jax_benches:
+        runs = ", ".join(sorted(jax_benches)) or "none"
+        raise UsageError(
+            f"bench {name} runs on {'DTensor' if name in benches.NEEDS_NO_XLA else 'torch_xla'}"
+            f", not on torchax; --backend torchax runs {runs} (or leave out --backend)"
+        )
+    return [name]
 
 
 def _default_bench_notice(benches: dict[str, str]) -> str:
@@ -497,7 +537,8 @@ def check_bench_devices(args: argparse.Namespace) -> None:
     ``GLOO_PER_DEVICE`` (the lab's ``dtensor_loader``: one gloo process per device, unless
     ``--quick``) for more than ``MAX_GLOO_PROCESSES``."""
     per_device = importlib.import_module(args.registry).GLOO_PER_DEVICE
-    names = [n for n in bench_names(args.name, args.registry) if n in per_device]
+    backend = getattr(args, "backend", "auto")
+    names = [n for n in bench_names(args.name, args.registry, backend) if n in per_device]
     if args.quick or not names or args.devices <= MAX_GLOO_PROCESSES:
         return
     raise UsageError(
@@ -629,10 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--backend",
-        choices=["auto", "xla", "dtensor"],
+        choices=["auto", "xla", "dtensor", "torchax"],
         default="auto",
         help="xla: --devices emulated XLA devices; dtensor: --devices gloo processes on "
-        "DTensor (default auto: xla when torch_xla is installed, else dtensor)",
+        "DTensor; torchax: PyTorch on JAX, --devices JAX CPU devices in one process (the "
+        "extra torchax) (default auto: xla when torch_xla is installed, else dtensor)",
     )
     demo.set_defaults(func=_demo)
     bench = sub.add_parser(
@@ -644,6 +686,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(minutes).",
     )
     add_bench_arguments(bench, WHEEL_BENCHES, name_required=False)
+    bench.add_argument(
+        "--backend",
+        choices=["auto", "xla", "dtensor", "torchax"],
+        default="auto",
+        help="the backend whose benches run: without a name, its default (xla: "
+        f"{DEFAULT_BENCH}; dtensor: {DEFAULT_BENCH_DTENSOR}; torchax: {DEFAULT_BENCH_TORCHAX}, "
+        "host -> global against JAX's own make_array_from_process_local_data on --devices JAX "
+        "CPU devices); with `all`, its benches (default auto: xla when torch_xla is "
+        "installed, else dtensor; torchax only when asked)",
+    )
     layout = sub.add_parser(
         "layout",
         parents=[common],
@@ -707,16 +759,24 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         return 1
 
     try:
+        jax_devices = False  # whether --devices are JAX's (the torchax backend)
         if command == "demo":  # the dtensor demo runs gloo processes: no XLA emulation
             from torchshard._tools.demo import resolve_backend
 
             args.backend = resolve_backend(args.backend)
             args.needs_runtime = args.backend == "xla"
+            jax_devices = args.backend == "torchax"
             check_demo_devices(args)
         if args.func is _bench:  # the DTensor benchmarks run gloo processes only
-            no_xla = importlib.import_module(args.registry).NEEDS_NO_XLA
-            args.needs_runtime = any(n not in no_xla for n in bench_names(args.name, args.registry))
+            registry = importlib.import_module(args.registry)
+            names = bench_names(args.name, args.registry, getattr(args, "backend", "auto"))
+            args.needs_runtime = any(n not in registry.NEEDS_NO_XLA for n in names)
+            jax_devices = any(n in getattr(registry, "NEEDS_TORCHAX", ()) for n in names)
             check_bench_devices(args)
+        if jax_devices:  # before JAX starts: --devices CPU devices (a TPU keeps its chips)
+            from torchshard._backend.torchax.runtime import setup_cpu_devices
+
+            setup_cpu_devices(args.devices)
         if getattr(args, "needs_runtime", True):
             from torchshard._backend.xla.env import setup_cpu_emulation
 

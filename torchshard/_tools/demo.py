@@ -10,7 +10,8 @@ batches on a background thread. ``--hosts H`` runs the same path with H virtual 
 dividing N), each with its own DataLoader and shard.
 
 ``--backend dtensor`` (the default when torch_xla is not installed) runs the same training
-data-parallel over gloo processes on DTensor instead (``demo_dtensor.py``).
+data-parallel over gloo processes on DTensor instead (``demo_dtensor.py``); ``--backend
+torchax`` on torchax, PyTorch on JAX, in one JAX process (``demo_torchax.py``).
 
 This module is an application, not library code: it imports torch_xla (the optimizer step and
 ``torch_xla.sync()``), which torchshard's library modules leave to ``_backend/xla.py``. The
@@ -189,7 +190,14 @@ def check_sizes(
             f"{data_size(copies * per_copy)} in all, above the demo's bound of "
             f"{data_size(MAX_DATA_BYTES)}; {fix}"
         )
-    if backend == "dtensor":
+    if backend == "torchax":
+        if hosts != 1:
+            return (
+                f"--hosts {hosts}: the torchax demo is one JAX process, one host (several hosts "
+                "are several JAX processes joined by jax.distributed, each with its own "
+                "loader), so --hosts must be 1 (leave it out)"
+            )
+    elif backend == "dtensor":
         if hosts != 1:
             return (
                 f"--hosts {hosts}: on dtensor every one of the --devices ({devices}) gloo "
@@ -226,8 +234,16 @@ def main(args: Any) -> int:
         print("demo: --steps must be at least 2", file=sys.stderr)
         return 2
     backend = resolve_backend(getattr(args, "backend", "auto"))
-    # the gloo processes are --devices; torch_xla's devices are the runtime's (a TPU's chips)
-    devices = args.devices if backend == "dtensor" else device_count()
+    # the gloo processes are --devices; torch_xla's and JAX's devices are the runtime's (a
+    # TPU's chips, or --devices CPU devices)
+    if backend == "dtensor":
+        devices = args.devices
+    elif backend == "torchax":
+        from torchshard._tools import demo_torchax
+
+        devices = demo_torchax.device_count()
+    else:
+        devices = device_count()
     batch = default_batch(devices) if args.batch is None else args.batch
     why = check_sizes(devices, args.hosts, batch, backend=backend, workers=args.workers)
     if why:
@@ -245,6 +261,16 @@ def main(args: Any) -> int:
             seed=args.seed,
         )
         warmup = "warm-up"
+    elif backend == "torchax":
+        r = demo_torchax.train(
+            steps=args.steps,
+            batch_size=batch,
+            workers=args.workers,
+            lr=args.lr,
+            seed=args.seed,
+            log=lambda msg: print(msg, flush=True),
+        )
+        warmup = "compilation"
     else:
         r = train(
             steps=args.steps,

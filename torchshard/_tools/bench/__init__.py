@@ -22,11 +22,16 @@ BENCHES: dict[str, str] = {
     "loader": "torchshard._tools.bench.loader",
     "packing": "torchshard._tools.bench.packing",
     "cp_balance": "torchshard._tools.bench.cp_balance",
+    "torchax": "torchshard._tools.bench.torchax_h2g",
 }
 
 # Benchmarks that run on DTensor processes only: no XLA emulation is set up for them, so they
 # run on a plain install (no torch_xla).
-NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "h2d", "cp_balance"})
+NEEDS_NO_XLA: frozenset[str] = frozenset({"dtensor", "h2d", "cp_balance", "torchax"})
+
+# Benchmarks on the torchax backend (JAX's devices): they need jax and torchax (the extra
+# ``torchax``; ``bench all`` leaves them out without it), and ``--devices`` is JAX's CPU count.
+NEEDS_TORCHAX: frozenset[str] = frozenset({"torchax"})
 
 # The module that draws ``--plot`` (none in the wheel: the lab's sweep has it), and the benches
 # that start one gloo process per ``--devices`` (none here; the CLI bounds their count).
