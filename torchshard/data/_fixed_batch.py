@@ -185,7 +185,8 @@ def fixed_global_batches(
         partition: the batch's ``PartitionSpec`` (dim 0's split; default: dim 0 over every mesh
             axis): processes that hold one block read the same part.
         mesh: a ``torchshard.Mesh`` (default: the current mesh).
-        shuffle, seed: the epoch's order, shuffled with ``seed + epoch`` (``set_epoch``).
+        shuffle: whether the epoch's order is shuffled (with ``seed + epoch``, ``set_epoch``).
+        seed: the shuffle's seed.
         collate: a batch from a list of examples (default: ``default_collate``).
 
     Raises:

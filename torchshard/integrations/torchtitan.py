@@ -348,8 +348,9 @@ def grain_dataloader(
             (``dataset.shuffle(seed)``), ``repeat()`` it for an endless run. No ``filter``
             (grain's ``ElasticIterator`` refuses it: a global index must mean one sample).
         global_batch_size: samples per step over every dp rank (divisible by the dp degree).
-        parallel_dims, mesh: torchtitan's ``ParallelDims`` (its data-loading mesh), or a
-            ``torchshard.Mesh``; exactly one.
+        parallel_dims: torchtitan's ``ParallelDims`` (its data-loading mesh); this or
+            ``mesh``, exactly one.
+        mesh: a ``torchshard.Mesh``; this or ``parallel_dims``, exactly one.
         partition: the batch's spec; default ``P("batch")`` on the data-loading mesh, else
             ``P(<the mesh's first axis>)``.
         last_batch: ``"drop"`` (default: every rank stops at the first step some rank's
@@ -362,10 +363,11 @@ def grain_dataloader(
         A ``TorchshardGrainDataLoader``.
 
     Raises:
-        MissingDependencyError: grain is not installed. TypeError: ``dataset`` not a
-        ``grain.MapDataset`` (naming the fix for torchtitan's iterable pipelines), neither or
-        both of ``parallel_dims`` and ``mesh``. ValueError: as grain's ``ElasticIterator`` (a
-        ``filter``; a ``global_batch_size`` not divisible by the dp degree).
+        MissingDependencyError: grain is not installed.
+        TypeError: ``dataset`` not a ``grain.MapDataset`` (naming the fix for torchtitan's
+            iterable pipelines), neither or both of ``parallel_dims`` and ``mesh``.
+        ValueError: as grain's ``ElasticIterator`` (a ``filter``; a ``global_batch_size``
+            not divisible by the dp degree).
     """
     grain = require("grain", "torchshard.integrations.torchtitan", extra="grain")
     if not isinstance(dataset, grain.MapDataset):
