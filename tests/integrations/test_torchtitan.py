@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 
 from torchshard._core.version import pip_install
-from torchshard.integrations.torchtitan import dataloader, dataloading_mesh
+from torchshard.integrations.torchtitan import (
+    TorchshardGrainDataLoader,
+    dataloader,
+    dataloading_mesh,
+)
 
 HAS_TITAN = importlib.util.find_spec("torchtitan") is not None
 needs_titan = pytest.mark.skipif(not HAS_TITAN, reason=f"needs torchtitan: {pip_install('stacks')}")
@@ -145,3 +149,20 @@ def test_gloo_grain_state_of_dp_1_resumes_on_dp_2_where_rank_1_has_no_key(pools,
         assert r["rest"] == r["own"] and r["rest"], r
     rest = [i for r in loaded for b in r["rest"] for i in b]
     assert sorted(saved["taken"][0] + rest) == list(range(12))
+
+
+def test_a_dp_rank_the_checkpoint_never_saved_is_refused_not_restarted():
+    """dcp.load onto more dp ranks than saved keeps a new rank's key as it was (its fresh
+    state): that rank would read its data from the start again, silently; it is refused, and
+    a state that also holds a saved rank's entry resumes from that one."""
+    never_used = object()  # the refusal comes before the loader is read
+    loader = TorchshardGrainDataLoader(never_used, 1, 2, 4)  # type: ignore[arg-type]
+    fresh = {"version": 1, "dp_world_size": 1, "dp_rank_1": b"fresh"}
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "TorchshardGrainDataLoader.load_state_dict: the state was saved on 1 dp rank(s), so "
+            "its 'dp_rank_1' is not from the checkpoint"
+        ),
+    ):
+        loader.load_state_dict(fresh)

@@ -300,7 +300,25 @@ class TorchshardGrainDataLoader:
                 "layout, which this loader's state_dict() saves)."
             )
         entries = _dp_entries(state_dict)
-        key = self._rank_id if self._rank_id in state_dict else None
+        saved = state_dict.get("dp_world_size")
+        fresh = isinstance(saved, int) and self.dp_rank >= saved and self._rank_id in state_dict
+        if fresh:
+            # a job of `saved` dp ranks saved no such entry: it is this loader's own (fresh),
+            # left in place by a load that reads only the checkpoint's keys (dcp.load)
+            others = [k for k in entries if k != self._rank_id]
+            if not others:
+                raise ValueError(
+                    f"TorchshardGrainDataLoader.load_state_dict: the state was saved on "
+                    f"{saved} dp rank(s), so its {self._rank_id!r} is not from the checkpoint "
+                    "(torch.distributed.checkpoint.load keeps a key the checkpoint lacks as it "
+                    "was: this loader's fresh state), and this rank would read its data from "
+                    "the start again. Pass load_state_dict a state that holds a saved rank's "
+                    "entry (e.g. {'version': 1, 'dp_world_size': "
+                    f"{saved}, 'dp_rank_0': <the checkpoint's dp_rank_0>}}), or resume on at "
+                    f"most {saved} dp rank(s)."
+                )
+            entries = others
+        key = self._rank_id if self._rank_id in state_dict and not fresh else None
         if key is None and entries:
             key = entries[0]
         if key is None:
