@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "loader": _wheel.BENCHES["loader"],
     "packing": _wheel.BENCHES["packing"],
     "cp_balance": _wheel.BENCHES["cp_balance"],
+    "torchax": _wheel.BENCHES["torchax"],
     "loader_gil": "benchmarks.loader_gil",
     "soak": "benchmarks.soak",
     "ctrl_c": "benchmarks.ctrl_c",
@@ -52,6 +53,10 @@ NEEDS_NO_XLA: frozenset[str] = _wheel.NEEDS_NO_XLA | {
     "exchange",
     "deferred",
 }
+
+# Benchmarks on the torchax backend (the wheel's: jax and torchax needed, left out of ``all``
+# without them).
+NEEDS_TORCHAX: frozenset[str] = _wheel.NEEDS_TORCHAX
 
 # ``--plot PATH`` draws the sweep (and adds it to the run); ``dtensor_loader`` starts one gloo
 # process per ``--devices`` (the CLI bounds their count).

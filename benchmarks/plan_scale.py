@@ -1,6 +1,6 @@
 """Plans at pod scale: what the first call's plan and ``describe_layout`` cost, 2 to 16,384
-devices, on virtual meshes (pure index maths: no device, no runtime; docs/design.md, "Plans
-that cost what the host owns").
+devices, on virtual meshes (pure index maths: no device, no runtime; docs/design.md, "A plan
+costs what its host owns").
 
 Each case is a ``(hosts, devices / hosts)`` mesh over ``data`` x ``model`` with ``PER_HOST`` = 4
 devices per host (2 devices: one host of 2; contiguous ids, as TPU hosts and ``virtual_hosts``

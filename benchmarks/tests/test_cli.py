@@ -267,9 +267,7 @@ def test_every_bench_command_the_documentation_shows_parses():
     """Each ``python -m torchshard bench ...`` and ``python -m benchmarks ...`` written in
     backticks in the README and docs/ names a bench of its registry, with options it takes
     (parsed, not run)."""
-    # docs/design.md is being rewritten on its own branch (its `bench dispatch` and `bench
-    # epoch_check` are the lab's now): it joins this check when it lands.
-    docs = [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "design.md"]
+    docs = sorted((ROOT / "docs").glob("*.md"))
     pages = [ROOT / "README.md", *docs]
     text = "\n".join(p.read_text() for p in pages)
     commands = sorted(set(COMMAND.findall(re.sub(r"\s*\n\s*", " ", text))))

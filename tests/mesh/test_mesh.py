@@ -46,7 +46,8 @@ def test_from_xla_needs_axis_names():
 
 def test_unknown_backend():
     with pytest.raises(
-        ValueError, match=re.escape("Mesh backend must be 'xla' or 'dtensor', but got 'tpu'.")
+        ValueError,
+        match=re.escape("Mesh backend must be 'xla', 'dtensor' or 'torchax', but got 'tpu'."),
     ):
         ts.Mesh(np.arange(8), ("a",), backend="tpu")
 
