@@ -64,6 +64,7 @@ def test_each_host_has_its_own_dispatcher(mesh8):
         global_batch_loader_per_host(sources, dispatchers=dispatchers[:1])
 
 
+@pytest.mark.xla  # two XLA meshes of virtual hosts, one per thread
 @pytest.mark.parametrize("prefetch", [0, 2])
 def test_loaders_of_two_threads_each_see_their_own_hosts(prefetch):
     """Two threads emulating 2 and 4 hosts at once, each with its loader (made, iterated and
